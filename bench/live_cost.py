@@ -257,7 +257,7 @@ def main() -> int:
         "--hub-tasks",
         type=int,
         default=2,
-        help="fargate-hub: servers (two: one per AZ, and the most readers a stream shard serves)",
+        help="fargate-hub: servers (2, what docs/BENCHMARKS.md records; the stack runs 1, infra/live_settings.py)",
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_plot_args(ap, "live_cost")

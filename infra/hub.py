@@ -7,9 +7,11 @@ watchers send their keys, so HTTPS only); the API's ``GET /health`` then names
 Why Fargate and an ALB, not API Gateway or Lambda: a watcher is an open connection for minutes to
 hours. On Lambda it holds an execution the whole time (what this replaces); through API Gateway
 a WebSocket bills every message delivered; an ALB bills by connections and bytes (LCUs), so
-10,000 idle watchers cost about one LCU of connections. Two servers, one per AZ: DynamoDB Streams
-serves at most two readers per shard, and each server reads the whole stream (every watcher may
-land on either), so the hub grows by size of its tasks, not their number (``live.hub_cpu``).
+10,000 idle watchers cost about one LCU of connections. One server: DynamoDB Streams throttles
+more than two readers of a shard, each server reads the whole stream (every watcher may land on
+any), and the reaper's event source mapping is the other reader (``infra/live_settings.py``), so
+the hub grows by the size of its task, not their number (``live.hub_cpu``). When it is down (a
+crash, a deployment: the old task stops before the new one starts) watchers use the API's route.
 
 Apart from the agents: its own VPC, cluster and service (the executors' reserved concurrency and
 the worker's tasks are untouched by it), and its role reads the table, its stream and the
@@ -104,8 +106,11 @@ def build_hub(scope: Construct, env_name: str, cfg: EnvironmentSettings, data: D
         cluster=cluster,
         task_definition=task_def,
         desired_count=live.hub_tasks,
-        min_healthy_percent=50,
-        max_healthy_percent=100,  # never more than two readers of a stream shard at once
+        # Never more servers than hub_tasks, even during a deployment: with the reaper's mapping,
+        # two readers of a stream shard at most. ECS rounds the minimum up and the maximum down,
+        # so with one server only a 0% minimum lets a deployment stop the old task first.
+        min_healthy_percent=0,
+        max_healthy_percent=100,
         assign_public_ip=True,
         security_groups=[task_sg],
         vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
@@ -245,7 +250,7 @@ def hub_alarms(alarm: AlarmFactory, hub: Hub) -> list[cw.Alarm]:
             tg.unhealthy_host_count(period=FIVE_MINUTES, statistic="Maximum"),
             1,
             "an events hub server failed its health check (its reader of the table's stream is stale, or it is "
-            "down): its watchers moved to the other server or to the API's route",
+            "down): its watchers moved to the API's route",
         ),
         alarm(
             "HubRejectedConnections",

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# DynamoDB Streams: "no more than two processes at most should be reading from the same streams
+# shard at the same time" (more are throttled). The reaper's event source mapping is one
+# (infra/background.py), so the hub has one server: every server reads every shard.
+STREAM_READERS = 2
+MAX_HUB_TASKS = STREAM_READERS - 1  # the reaper's mapping
+
 
 class LiveSettings(BaseModel):
     """Watchers of tasks (docs/ARCHITECTURE.md, invariant 10, "Live events at scale"). Whatever
@@ -22,7 +28,10 @@ class LiveSettings(BaseModel):
     hub_domain: str | None = Field(None, description="the hub's DNS name (a CNAME to its load balancer, yours)")
     hub_certificate_arn: str | None = Field(None, description="an ACM certificate for hub_domain, this region")
     hub_tasks: int = Field(
-        2, ge=1, le=2, description="hub servers, one per AZ: DynamoDB Streams serves two readers a shard"
+        1,
+        ge=1,
+        description="hub servers: one (each reads every shard of the table's stream, as the reaper does, and "
+        "DynamoDB Streams throttles more than two readers of a shard)",
     )
     hub_cpu: int = Field(1024, description="Fargate CPU units per hub server")
     hub_memory_mb: int = Field(2048, ge=512)
@@ -33,4 +42,10 @@ class LiveSettings(BaseModel):
     def _hub_needs_https(self) -> LiveSettings:
         if self.hub and not (self.hub_domain and self.hub_certificate_arn):
             raise ValueError("live.hub needs live.hub_domain and live.hub_certificate_arn (watchers send their keys)")
+        if self.hub_tasks > MAX_HUB_TASKS:
+            raise ValueError(
+                f"live.hub_tasks must be at most {MAX_HUB_TASKS}: every hub server reads every shard of the table's "
+                f"stream, the reaper's event source mapping reads them too, and DynamoDB Streams throttles more "
+                f"than {STREAM_READERS} readers of a shard"
+            )
         return self

@@ -58,8 +58,11 @@ def test_the_hub_runs_on_capacity_of_its_own_and_the_api_names_it(hub_synth: Syn
     services = hub_synth.resources("AWS::ECS::Service")
     [(_, service)] = [(k, v) for k, v in services.items() if "Hub" in k]
     props = service["Properties"]
-    assert props["DesiredCount"] == 2 and props["LaunchType"] == "FARGATE"
-    assert props["DeploymentConfiguration"]["MaximumPercent"] == 100  # two stream readers a shard, never three
+    assert props["DesiredCount"] == 1 and props["LaunchType"] == "FARGATE"
+    # never a second server (with the reaper, a third reader of a stream shard), even during a
+    # deployment; ECS rounds the minimum up, so only 0% lets a deployment of one server proceed
+    assert props["DeploymentConfiguration"]["MaximumPercent"] == 100
+    assert props["DeploymentConfiguration"]["MinimumHealthyPercent"] == 0
     clusters = hub_synth.resources("AWS::ECS::Cluster")
     assert props["Cluster"]["Ref"] in clusters and "Hub" in props["Cluster"]["Ref"]
     # Nothing of the executors' changes with the hub: their reservation is the same as without it.
@@ -73,9 +76,29 @@ def test_the_hub_runs_on_capacity_of_its_own_and_the_api_names_it(hub_synth: Syn
     container = task["Properties"]["ContainerDefinitions"][0]
     assert container["Command"] == ["python", "-m", "agentq.hub"] and container["ReadonlyRootFilesystem"]
     env = {e["Name"]: e["Value"] for e in container["Environment"]}
-    assert env["AGENTQ_HUB_STREAMS_PER_TENANT"] == str(-(-cfg.live.streams_per_tenant // 2))
+    assert env["AGENTQ_HUB_STREAMS_PER_TENANT"] == str(cfg.live.streams_per_tenant)  # one server holds them all
     listeners = hub_synth.resources("AWS::ElasticLoadBalancingV2::Listener")
     assert [lst["Properties"]["Protocol"] for lst in listeners.values()] == ["HTTPS"]
+
+
+def test_the_table_stream_has_at_most_two_readers_with_the_hub_on(hub_synth: Synthesized) -> None:
+    """DynamoDB Streams throttles more than two processes reading a shard at once; every hub
+    server reads every shard, and so does the reaper's event source mapping."""
+    resources = hub_synth.template["Resources"]
+    mappings = [r for r in resources.values() if r["Type"] == "AWS::Lambda::EventSourceMapping"
+                and "StreamArn" in json.dumps(r["Properties"]["EventSourceArn"])]  # fmt: skip
+    hub = [
+        r["Properties"] for lid, r in resources.items() if r["Type"] == "AWS::ECS::Service" and lid.startswith("Hub")
+    ]
+    (servers,) = [h["DesiredCount"] * h["DeploymentConfiguration"]["MaximumPercent"] // 100 for h in hub]
+    assert len(mappings) == 1 and len(mappings) + servers <= 2, f"{len(mappings)} mapping(s) + {servers} hub server(s)"
+
+
+def test_more_hub_servers_than_the_stream_has_readers_left_are_refused_naming_the_field() -> None:
+    from infra.live_settings import LiveSettings
+
+    with pytest.raises(ValueError, match=r"live\.hub_tasks must be at most 1: .*the reaper's event source mapping"):
+        LiveSettings(hub=True, hub_domain=DOMAIN, hub_certificate_arn=CERT, hub_tasks=2)
 
 
 def test_the_hub_reads_the_table_and_its_stream_and_writes_nothing(hub_synth: Synthesized) -> None:

@@ -30,8 +30,10 @@ STALE_SECONDS = 30.0  # no successful pass for this long: unhealthy
 
 class StreamFeed:
     def __init__(self, hub: EventHub, stream: TableStream, *, interval: float = 0.4) -> None:
-        """``interval``: the pause between passes (DynamoDB Streams allows five GetRecords a
-        second per shard, shared by at most two readers: two hub servers at 0.4 s make five)."""
+        """``interval``: the pause between passes, a GetRecords per shard each. DynamoDB Streams
+        throttles more than two readers of a shard: the reaper's event source mapping is one
+        (Lambda polls a shard about four times a second), a hub server the other, so the stack
+        runs one (``infra/live_settings.py``); 0.4 s keeps a nudge under half a second."""
         self.hub = hub
         self.stream = stream
         self.interval = interval

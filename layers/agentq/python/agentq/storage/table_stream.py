@@ -13,7 +13,8 @@ absent: DynamoDB split or rolled it) is dropped and its children, found by descr
 again, are read from ``TRIM_HORIZON`` so nothing between is skipped. An iterator that expired or
 points past the trim horizon is replaced by ``LATEST`` and the read says ``lost``: records may
 have been missed, so the hub re-reads every task it serves. At most two readers should read a
-shard at once (DynamoDB throttles more): the hub's task count is bounded by it (infra/hub.py).
+shard at once (DynamoDB throttles more): the reaper's event source mapping is one, so the hub
+runs one server (infra/live_settings.py).
 """
 
 from __future__ import annotations
