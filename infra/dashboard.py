@@ -1,19 +1,22 @@
 """The dashboard an operator watches (``{prefix}-overview``), row by row: the queues, the
-executor, what tasks end as and how fast they start, what they spend and trip on, and the state
-of every alarm. Task metrics come from the Lambda executor and the Fargate worker alike
-(``service=executor``), submissions from the API (``service=api``)."""
+executor, what tasks end as and how fast they start, what they
+spend and trip on, and the state of every alarm. Task metrics come from the Lambda executor and
+the Fargate worker alike (``service=executor``), submissions from the API (``service=api``)."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from agentq.observe import names
 from agentq.resources import TIERS
 from infra.api import Api
-from infra.data import Data
 from infra.functions import Functions
 from infra.metrics import (
     FIVE_MINUTES,
@@ -28,11 +31,19 @@ from infra.metrics import (
 )
 
 
+@dataclass
+class Queues:
+    """What the queue row draws, by label: the task queues and the dead-letter queues."""
+
+    queues: dict[str, sqs.Queue]
+    dlqs: dict[str, sqs.Queue]
+
+
 def build_dashboard(
     scope: Construct,
     env_name: str,
     prefix: str,
-    data: Data,
+    queues: Queues,
     fns: Functions,
     machine: sfn.StateMachine,
     api: Api,
@@ -52,51 +63,50 @@ def build_dashboard(
             height=2,
         )
     )
-    dashboard.add_widgets(*queue_row(data, fns))
-    dashboard.add_widgets(*executor_row(data, fns))
+    dashboard.add_widgets(*queue_row(queues))
+    dashboard.add_widgets(*executor_row(queues, fns))
     dashboard.add_widgets(*task_row())
     dashboard.add_widgets(*traffic_row(machine, api))
     dashboard.add_widgets(*spend_row())
-    dashboard.add_widgets(cw.AlarmStatusWidget(title="Alarms", alarms=alarms, width=24, height=4))
+    # every alarm of the stack (the optional parts' too): a row of the widget holds about six
+    dashboard.add_widgets(
+        cw.AlarmStatusWidget(title="Alarms", alarms=alarms, width=24, height=max(4, 2 + math.ceil(len(alarms) / 6)))
+    )
     return dashboard
 
 
-def queue_row(data: Data, fns: Functions) -> list[cw.IWidget]:
-    visible = [
-        data.queues[t].metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic="Maximum", label=t)
-        for t in TIERS
-    ]
+def _depth(queue: sqs.Queue, label: str) -> cw.Metric:
+    return queue.metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic="Maximum", label=label)
+
+
+def queue_row(queues: Queues) -> list[cw.IWidget]:
     return [
-        cw.GraphWidget(title="Queue depth (visible) per tier", left=visible, width=8),
+        cw.GraphWidget(
+            title="Queue depth (visible) per tier",
+            left=[_depth(q, label) for label, q in queues.queues.items()],
+            width=8,
+        ),
         cw.GraphWidget(
             title="Age of oldest message per tier (s)",
             left=[
-                data.queues[t].metric_approximate_age_of_oldest_message(period=ONE_MINUTE, statistic="Maximum", label=t)
+                queues.queues[t].metric_approximate_age_of_oldest_message(
+                    period=ONE_MINUTE, statistic="Maximum", label=t
+                )
                 for t in TIERS
             ],
             width=8,
         ),
         cw.GraphWidget(
             title="DLQ depth per tier, and the reaper's",
-            left=[
-                data.dlqs[t].metric_approximate_number_of_messages_visible(
-                    period=ONE_MINUTE, statistic="Maximum", label=t
-                )
-                for t in TIERS
-            ]
-            + [
-                fns.reaper_dlq.metric_approximate_number_of_messages_visible(
-                    period=ONE_MINUTE, statistic="Maximum", label="reaper"
-                )
-            ],
+            left=[_depth(q, label) for label, q in queues.dlqs.items()],
             width=8,
         ),
     ]
 
 
-def executor_row(data: Data, fns: Functions) -> list[cw.IWidget]:
+def executor_row(queues: Queues, fns: Functions) -> list[cw.IWidget]:
     in_flight = [
-        data.queues[t].metric_approximate_number_of_messages_not_visible(
+        queues.queues[t].metric_approximate_number_of_messages_not_visible(
             period=ONE_MINUTE, statistic="Maximum", label=t
         )
         for t in TIERS

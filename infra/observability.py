@@ -4,6 +4,11 @@ environment (``infra/dashboard.py``), over the metrics of ``infra/metrics.py``.
 Task metrics are the core's EMF metrics (``agentq.observe``), written by the Lambda executor
 and the Fargate worker alike (``service=executor``) and by the API (``service=api``). Their
 names and dimensions come from ``agentq.observe.names``, the module the emitting code uses.
+
+Built in two steps: the topic and the alarms of the core first (the optional parts, the events
+hub and the workspace tier, alarm to the same topic and add theirs to ``alarms``), the dashboard
+last (``add_dashboard``), once every alarm of the stack exists, so its alarm widget leaves none
+out.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from constructs import Construct
 
 from infra.alarms import alarm_topic, build_alarms
 from infra.api import Api
-from infra.dashboard import build_dashboard
+from infra.dashboard import Queues, build_dashboard
 from infra.data import Data
 from infra.functions import Functions
 from infra.settings import EnvironmentSettings
@@ -26,13 +31,12 @@ from infra.settings import EnvironmentSettings
 @dataclass
 class Observability:
     topic: sns.Topic
-    alarms: list[cw.Alarm]
-    dashboard: cw.Dashboard
+    alarms: list[cw.Alarm]  # every alarm of the stack: the optional parts add theirs
+    dashboard: cw.Dashboard | None = None  # made last (add_dashboard)
 
 
 def build_observability(
     scope: Construct,
-    env_name: str,
     cfg: EnvironmentSettings,
     data: Data,
     fns: Functions,
@@ -40,6 +44,22 @@ def build_observability(
     api: Api,
 ) -> Observability:
     topic = alarm_topic(scope, cfg)
-    alarms = build_alarms(scope, cfg, data, fns, machine, api, topic)
-    dashboard = build_dashboard(scope, env_name, cfg.prefix, data, fns, machine, api, alarms)
-    return Observability(topic=topic, alarms=alarms, dashboard=dashboard)
+    return Observability(topic=topic, alarms=build_alarms(scope, cfg, data, fns, machine, api, topic))
+
+
+def add_dashboard(
+    scope: Construct,
+    env_name: str,
+    cfg: EnvironmentSettings,
+    data: Data,
+    fns: Functions,
+    machine: sfn.StateMachine,
+    api: Api,
+    observability: Observability,
+) -> cw.Dashboard:
+    """The dashboard, over every alarm in ``observability``."""
+    queues = Queues(queues=dict(data.queues), dlqs={**data.dlqs, "reaper": fns.reaper_dlq})
+    observability.dashboard = build_dashboard(
+        scope, env_name, cfg.prefix, queues, fns, machine, api, observability.alarms
+    )
+    return observability.dashboard

@@ -15,7 +15,7 @@ api          REST API, TOKEN authorizer, access logs, throttles, WAF       infra
 worker       optional Fargate worker scaled on queue depth                infra/worker.py
 hub          optional events hub for watchers: Fargate behind an ALB      infra/hub.py
 workspace    optional EC2 tier for tasks with a workspace (bubblewrap)    infra/workspace_tier.py
-observe      alarms on an SNS topic, the dashboard                        infra/observability.py
+observe      alarms on an SNS topic; the dashboard, last (every alarm)    infra/observability.py
 nag          the cdk-nag findings acknowledged, each with its reason      infra/nag.py
 """
 
@@ -42,7 +42,7 @@ from infra.fanout import build_fanout
 from infra.functions import FunctionFactory, Functions, common_env, functions_code
 from infra.hub import build_hub, hub_alarms
 from infra.layers import RUNTIME, Layers, architecture, build_layers, require_built, user_code_layer
-from infra.observability import build_observability
+from infra.observability import add_dashboard, build_observability
 from infra.retention import log_retention
 from infra.sandbox import build_sandbox
 from infra.settings import EnvironmentSettings
@@ -89,13 +89,11 @@ class AgentqStack(cdk.Stack):
             if cfg.worker.enabled
             else None
         )
-        self.observability = build_observability(
-            self, env_name, cfg, self.data, self.functions, self.state_machine, self.api
-        )
+        self.observability = build_observability(self, cfg, self.data, self.functions, self.state_machine, self.api)
         self.hub = build_hub(self, env_name, cfg, self.data) if cfg.live.hub else None
         if self.hub is not None:  # GET /health names it: the clients' discovery
             self.functions.api.add_environment("AGENTQ_EVENTS_HUB_URL", self.hub.url)
-            hub_alarms(AlarmFactory(self, cfg.prefix, self.observability.topic), self.hub)
+            self.observability.alarms += hub_alarms(AlarmFactory(self, cfg.prefix, self.observability.topic), self.hub)
             cdk.CfnOutput(self, "EventsHubUrl", value=self.hub.url, description="the events hub (watchers)")
 
         self.workspace_tier = None
@@ -104,6 +102,11 @@ class AgentqStack(cdk.Stack):
                 self, env_name, cfg, self.data, self.state_machine, self.functions, self.worker,
                 self.observability.topic, self.user_layer, self.deps_layer,
             )  # fmt: skip
+            self.observability.alarms += self.workspace_tier.alarms
+        # Last: every alarm and queue of the stack exists now, so the dashboard shows them all.
+        add_dashboard(
+            self, env_name, cfg, self.data, self.functions, self.state_machine, self.api, self.observability,
+        )  # fmt: skip
 
         cdk.CfnOutput(self, "ApiUrl", value=self.api.rest_api.url, description="AGENTQ_URL for the CLI and client")
         cdk.CfnOutput(

@@ -16,7 +16,15 @@ import pytest
 from infra.synth import Synthesized, synthesize
 
 from tests import test_cdk_stack as stack
-from tests.test_cdk_stack import CFN_LINT, ENVIRONMENTS, _actions, _alarms, _function, settings_of
+from tests.test_cdk_stack import (
+    CFN_LINT,
+    ENVIRONMENTS,
+    _actions,
+    _alarms,
+    _alarms_off_the_dashboard,
+    _function,
+    settings_of,
+)
 
 synth_root = stack.synth_root
 synth = stack.synth
@@ -114,6 +122,10 @@ def test_the_hubs_failures_alarm(hub_synth: Synthesized) -> None:
     prefix = settings_of("dev").prefix
     for name in ("hub-server-5xx", "hub-load-balancer-5xx", "hub-unhealthy-hosts", "hub-rejected-connections"):
         assert f"{prefix}-{name}" in alarms, sorted(a for a in alarms if "hub" in a)
+
+
+def test_the_dashboards_alarm_widget_shows_the_hubs_alarms(hub_synth: Synthesized) -> None:
+    assert _alarms_off_the_dashboard(hub_synth) == []
 
 
 def test_the_hub_passes_cdk_nag_and_cfn_lint(hub_synth: Synthesized) -> None:

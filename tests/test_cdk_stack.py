@@ -929,6 +929,25 @@ def test_dashboard_shows_queues_executor_outcomes_latency_and_active_tasks(synth
     assert "p99" in body
 
 
+def _dashboard_body(synth: Synthesized) -> str:
+    cfg = settings_of(synth.env_name)
+    _, dashboard = _one(synth, "AWS::CloudWatch::Dashboard", DashboardName=f"{cfg.prefix}-overview")
+    return json.dumps(dashboard["Properties"]["DashboardBody"])
+
+
+def _alarms_off_the_dashboard(synth: Synthesized) -> list[str]:
+    """The named alarms (a scaling policy's have no name) the dashboard's alarm widget leaves out."""
+    body = _dashboard_body(synth)
+    return [r["Properties"]["AlarmName"] for lid, r in synth.resources("AWS::CloudWatch::Alarm").items()
+            if "AlarmName" in r["Properties"] and f"\"{lid}\"" not in body]  # fmt: skip
+
+
+def test_the_dashboards_alarm_widget_shows_every_alarm_of_the_stack(synth: Synthesized) -> None:
+    """docs/DEPLOY.md: the dashboard shows "the state of every alarm"; the workspace tier's
+    (staging, prod) are made after the core's, so the dashboard is made last."""
+    assert _alarms_off_the_dashboard(synth) == []
+
+
 def _dashboard_metrics(synth: Synthesized) -> list[Any]:
     """Every metric entry of every graph on the overview dashboard (Refs as placeholders)."""
     cfg = settings_of(synth.env_name)
