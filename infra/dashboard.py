@@ -1,5 +1,5 @@
-"""The dashboard an operator watches (``{prefix}-overview``), row by row: the queues, the
-executor, what tasks end as and how fast they start, what they
+"""The dashboard an operator watches (``{prefix}-overview``), row by row: the queues (every
+queue's depth, every DLQ's), the executor, what tasks end as and how fast they start, what they
 spend and trip on, and the state of every alarm. Task metrics come from the Lambda executor and
 the Fargate worker alike (``service=executor``), submissions from the API (``service=api``)."""
 
@@ -33,7 +33,9 @@ from infra.metrics import (
 
 @dataclass
 class Queues:
-    """What the queue row draws, by label: the task queues and the dead-letter queues."""
+    """What the queue row draws, by label: the task queues (a tier's, ``workspace-<tier>``) and
+    every dead-letter queue of the stack (the tiers', the reaper's, the webhooks', the
+    workspace pool's): the DLQ runbook's check is that graph dropping to 0."""
 
     queues: dict[str, sqs.Queue]
     dlqs: dict[str, sqs.Queue]
@@ -82,7 +84,7 @@ def _depth(queue: sqs.Queue, label: str) -> cw.Metric:
 def queue_row(queues: Queues) -> list[cw.IWidget]:
     return [
         cw.GraphWidget(
-            title="Queue depth (visible) per tier",
+            title="Queue depth (visible) per queue",
             left=[_depth(q, label) for label, q in queues.queues.items()],
             width=8,
         ),
@@ -97,7 +99,7 @@ def queue_row(queues: Queues) -> list[cw.IWidget]:
             width=8,
         ),
         cw.GraphWidget(
-            title="DLQ depth per tier, and the reaper's",
+            title="DLQ depth: every dead-letter queue",
             left=[_depth(q, label) for label, q in queues.dlqs.items()],
             width=8,
         ),

@@ -106,6 +106,7 @@ class AgentqStack(cdk.Stack):
         # Last: every alarm and queue of the stack exists now, so the dashboard shows them all.
         add_dashboard(
             self, env_name, cfg, self.data, self.functions, self.state_machine, self.api, self.observability,
+            (self.workspace_tier.queues, self.workspace_tier.dlqs) if self.workspace_tier is not None else None,
         )  # fmt: skip
 
         cdk.CfnOutput(self, "ApiUrl", value=self.api.rest_api.url, description="AGENTQ_URL for the CLI and client")

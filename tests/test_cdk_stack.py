@@ -948,6 +948,18 @@ def test_the_dashboards_alarm_widget_shows_every_alarm_of_the_stack(synth: Synth
     assert _alarms_off_the_dashboard(synth) == []
 
 
+def test_the_dashboard_shows_the_depth_of_every_queue_and_every_dead_letter_queue(synth: Synthesized) -> None:
+    """The DLQ runbook's check ("the DLQ depth on the dashboard drops to 0") needs every DLQ on
+    it: the webhooks' and the workspace tier's too; and the workspace pool's queues beside the tiers'."""
+    body = _dashboard_body(synth)
+    queues = {r["Properties"]["QueueName"]: lid for lid, r in synth.resources("AWS::SQS::Queue").items()}
+    dlqs = [name for name in queues if name.endswith("-dlq")]
+    assert len(dlqs) >= 5  # three tiers', the reaper's, the webhooks'
+    assert [name for name in dlqs if f'"{queues[name]}"' not in body] == []
+    pools = [n for n in queues if n.startswith(f"{settings_of(synth.env_name).prefix}-workspace-") and n not in dlqs]
+    assert [name for name in pools if f'"{queues[name]}"' not in body] == []
+
+
 def _dashboard_metrics(synth: Synthesized) -> list[Any]:
     """Every metric entry of every graph on the overview dashboard (Refs as placeholders)."""
     cfg = settings_of(synth.env_name)
