@@ -129,6 +129,16 @@ def queue_alarms(alarm: AlarmFactory, cfg: EnvironmentSettings, data: Data, fns:
         "the reaper gave up on a stream batch: some expired tasks' items and payloads were not deleted. "
         "Runbook: docs/DEPLOY.md#runbook-a-message-in-the-reaper-dlq",
     )
+    # The sweeper runs from a schedule with no retry of EventBridge's, no DLQ and no destination:
+    # a failing sweep is seen nowhere else, and it is what resumes a task whose message was lost.
+    every = cfg.sweeper.every_minutes
+    alarm(
+        "SweeperErrors",
+        fns.sweeper.metric_errors(period=cdk.Duration.minutes(every), statistic="Sum"),
+        1,
+        f"a sweep failed (an error or a timeout) in the last {every} minutes: unfinished tasks left with no worker "
+        "and no message are not re-enqueued while it fails; read the sweeper function's log group",
+    )
 
 
 def task_alarms(alarm: AlarmFactory, cfg: EnvironmentSettings, fns: Functions) -> None:

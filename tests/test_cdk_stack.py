@@ -903,6 +903,18 @@ def test_alarms_cover_dlqs_queue_age_errors_tenant_caps_and_fanout_failures(synt
         assert alarm["TreatMissingData"] == "notBreaching", name
 
 
+def test_a_sweeper_that_fails_alarms(synth: Synthesized) -> None:
+    """The sweeper is what resumes a task whose message was lost (docs/DEPLOY.md); it runs from
+    an EventBridge rule with no retry, no DLQ and no destination, so only an alarm on its errors
+    tells anyone it has stopped working."""
+    cfg = settings_of(synth.env_name)
+    sweeper_id, _ = _function(synth, "sweeper")
+    alarm = _alarms(synth)[f"{cfg.prefix}-sweeper-errors"]
+    assert _metric(alarm) == ("AWS/Lambda", "Errors", "Sum") and alarm["Threshold"] == 1
+    assert alarm["Dimensions"] == [{"Name": "FunctionName", "Value": {"Ref": sweeper_id}}]
+    assert alarm["Period"] == cfg.sweeper.every_minutes * 60
+
+
 def test_alarm_topic_is_encrypted_with_a_key_cloudwatch_may_use(
     synth: Synthesized, template: assertions.Template
 ) -> None:
