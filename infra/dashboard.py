@@ -207,7 +207,7 @@ def spend_row() -> list[cw.IWidget]:
             width=8,
         ),
         cw.GraphWidget(
-            title="Budget refusals (task budget, tenant window)",
+            title="Budget refusals (task budget, tenant window, scope cap)",
             left=[
                 agentq_metric(names.BUDGET_REFUSALS, "Sum", FIVE_MINUTES, budget, **{names.BUDGET: budget})
                 for budget in names.BUDGETS

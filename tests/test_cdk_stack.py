@@ -1016,7 +1016,7 @@ def test_the_dashboard_draws_the_metrics_the_code_emits(
     observe.emf.record_llm_usage("claude-haiku-4-5", Usage(input_tokens=10, output_tokens=3, cache_read_input_tokens=5))
     observe.emf.record_tool_error("lookup")
     for budget in names.BUDGETS:
-        observe.record_budget_refusal(budget)  # type: ignore[arg-type]
+        observe.record_budget_refusal(budget)
     observe.record_submitted()
     observe.record_dead_letter()
     observe.record_run(RunResult("t", "finished", status=TaskStatus.SUCCEEDED, steps_committed=3))
@@ -1035,12 +1035,38 @@ def test_the_dashboard_draws_the_metrics_the_code_emits(
     entries = _dashboard_metrics(synth)
     checked = [(ns, name, dims) for ns, name, dims in emitted if name in drawn]
     assert {name for _, name, _ in checked} == drawn
-    assert len([c for c in checked if c[1] == names.BUDGET_REFUSALS]) == 2  # task and tenant
+    assert len([c for c in checked if c[1] == names.BUDGET_REFUSALS]) == len(names.BUDGETS)  # one line each
     for ns, name, dims in checked:
         assert any(_draws(entry, ns, name, dims) for entry in entries), f"{name} {dims} is emitted but drawn nowhere"
     any_model = {names.SERVICE: names.EXECUTOR, names.MODEL: "a-model-unknown-at-synth"}
     for metric in (names.TOKENS_IN, names.TOKENS_OUT):  # its own per-model line, and the all-models total
         assert len([e for e in entries if _draws(e, names.NAMESPACE, metric, any_model)]) == 2, metric
+
+
+def test_the_dashboard_draws_budget_refusals_of_every_kind_the_code_records(
+    synth: Synthesized, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each ``record_budget_refusal("<kind>")`` call in the package (the engine's task budget,
+    the tenant window, storage/scope_caps.py's cap) is drawn: a kind missing from
+    names.BUDGETS would be recorded and shown nowhere."""
+    from agentq import observe
+
+    package = ROOT / "layers" / "agentq" / "python" / "agentq"
+    kinds = {kind for path in package.rglob("*.py")
+             for kind in re.findall(r'record_budget_refusal\(\s*"(\w+)"', path.read_text(encoding="utf-8"))}  # fmt: skip
+    assert kinds >= {"task", "tenant", "cap"}, kinds
+    monkeypatch.setenv("AGENTQ_EMF", "1")
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    capsys.readouterr()
+    for kind in sorted(kinds):
+        observe.record_budget_refusal(kind)
+    entries = _dashboard_metrics(synth)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(kinds)
+    for line in lines:
+        doc = json.loads(line)
+        dims = {k: doc[k] for k in doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0]}
+        assert any(_draws(e, names.NAMESPACE, names.BUDGET_REFUSALS, dims) for e in entries), dims
 
 
 # -- cdk-nag and cfn-lint --------------------------------------------------------------------

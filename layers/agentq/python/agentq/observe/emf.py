@@ -117,7 +117,7 @@ def record_tool_error(tool: str) -> None:
     _write_now({names.TOOL_ERRORS: 1}, MetricUnit.Count, {names.TOOL: tool})
 
 
-def record_budget_refusal(budget: Literal["task", "tenant", "cap"]) -> None:
+def record_budget_refusal(budget: names.Budget) -> None:
     """A reservation refused: the task tree's budget is spent (the task ends cost_exceeded or
     a spawn is refused), or the tenant's hourly window or a scope's cap is full (the task waits)."""
     if not enabled():

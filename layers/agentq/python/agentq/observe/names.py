@@ -8,6 +8,8 @@ nothing.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 NAMESPACE = "agentq"
 
 # Dimensions. ``service`` is powertools' default dimension; its value is the component's role,
@@ -71,7 +73,11 @@ GRADE = "grade"
 TOKEN_DIMENSIONS = (SERVICE, MODEL)
 TOOL_DIMENSIONS = (SERVICE, TOOL)
 BUDGET_DIMENSIONS = (SERVICE, BUDGET)
-BUDGETS = ("task", "tenant")
+# What refused a reservation (``budget=``): a task tree's budget, a tenant's hourly window, a
+# scope's cap (storage/scope_caps.py). The type ``record_budget_refusal`` takes, and what the
+# dashboard draws a line for: one list, so a new kind cannot be recorded and drawn nowhere.
+Budget = Literal["task", "tenant", "cap"]
+BUDGETS: tuple[Budget, ...] = get_args(Budget)
 
 
 def task_outcome(status: str) -> str:
