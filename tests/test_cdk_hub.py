@@ -23,6 +23,7 @@ from tests.test_cdk_stack import (
     _alarms,
     _alarms_off_the_dashboard,
     _function,
+    documented_alarms,
     settings_of,
 )
 
@@ -126,6 +127,11 @@ def test_the_hubs_failures_alarm(hub_synth: Synthesized) -> None:
 
 def test_the_dashboards_alarm_widget_shows_the_hubs_alarms(hub_synth: Synthesized) -> None:
     assert _alarms_off_the_dashboard(hub_synth) == []
+
+
+def test_the_hubs_alarms_are_in_deploy_md_by_their_names(hub_synth: Synthesized) -> None:
+    documented = documented_alarms(settings_of("dev").prefix)
+    assert sorted(set(_alarms(hub_synth)) - documented) == []
 
 
 def test_the_hub_passes_cdk_nag_and_cfn_lint(hub_synth: Synthesized) -> None:

@@ -915,6 +915,28 @@ def test_a_sweeper_that_fails_alarms(synth: Synthesized) -> None:
     assert alarm["Period"] == cfg.sweeper.every_minutes * 60
 
 
+def documented_alarms(prefix: str) -> set[str]:
+    """The alarm names docs/DEPLOY.md's table lists, for ``prefix``: a cell's `{prefix}-...`
+    names, its `-...` shorthands of the same prefix, ``{tier}`` and ``{scope}`` expanded."""
+    from agentq.core.caps import SCOPES
+
+    table = (ROOT / "docs" / "DEPLOY.md").read_text().split("| alarm | fires when |", 1)[1].split("\n\n", 1)[0]
+    out: set[str] = set()
+    for cell in re.findall(r"^\| (.+?) \|", table, re.M):
+        for written in re.findall(r"`(\{prefix\}[^`]+|-[^`]+)`", cell):
+            name = written if written.startswith("{prefix}") else "{prefix}" + written
+            for tier in TIERS:
+                for scope in SCOPES:
+                    out.add(name.replace("{prefix}", prefix).replace("{tier}", tier).replace("{scope}", scope))
+    return out
+
+
+def test_every_alarm_the_stack_makes_is_in_deploy_md_by_its_name(synth: Synthesized) -> None:
+    """An on-call engineer looks the paged alarm's name up in docs/DEPLOY.md's table."""
+    documented = documented_alarms(settings_of(synth.env_name).prefix)
+    assert sorted(set(_alarms(synth)) - documented) == []
+
+
 def test_alarm_topic_is_encrypted_with_a_key_cloudwatch_may_use(
     synth: Synthesized, template: assertions.Template
 ) -> None:
