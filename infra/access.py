@@ -99,16 +99,22 @@ def execution_arns(cfg: EnvironmentSettings) -> str:
 
 
 def event_bus_name(cfg: EnvironmentSettings) -> str | None:
-    """``stack``: the bus the stack creates (``{prefix}-events``); another name: that bus; None: none."""
+    """The bus as ``AGENTQ_EVENT_BUS`` (PutEvents' ``EventBusName``, a name or an ARN) names it:
+    ``stack``, the bus the stack creates (``{prefix}-events``); another name or an ARN, that
+    bus; None: none."""
     if not cfg.event_bus:
         return None
     return f"{cfg.prefix}-events" if cfg.event_bus == "stack" else cfg.event_bus
 
 
 def event_bus_arn(cfg: EnvironmentSettings) -> str | None:
+    """What PutEvents is granted on: a bus named by its ARN as given (a central bus, perhaps of
+    another account), a name as this account's and region's bus."""
     name = event_bus_name(cfg)
     if name is None:
         return None
+    if name.startswith("arn:"):
+        return name
     return f"arn:{cdk.Aws.PARTITION}:events:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:event-bus/{name}"
 
 

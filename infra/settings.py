@@ -332,8 +332,10 @@ class EnvironmentSettings(_Strict):
     dlq_retention_seconds: int = Field(QueueSettings().dlq_retention_seconds, ge=60, le=1_209_600)
     event_bus: str | None = Field(
         "stack",
+        pattern=r"^(?:[/.\-_A-Za-z0-9]{1,256}|arn:aws[a-z-]*:events:[a-z0-9-]+:\d{12}:event-bus/[/.\-_A-Za-z0-9]{1,256})$",
         description="EventBridge bus for agentq events (every status change, circuits, soft caps): 'stack' creates "
-        "{prefix}-events; another name sends to that existing bus; null: none",
+        "{prefix}-events; another name sends to that existing bus of this account and region, an event bus ARN "
+        "to that bus (another account's: its policy must let this one put events); null: none",
     )
     anthropic_api_key_secret: str | None = Field(
         None,

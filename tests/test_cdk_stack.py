@@ -178,6 +178,8 @@ def test_an_unknown_environment_is_refused_with_the_known_ones_named() -> None:
         ({"budget_defaults": {"fleet_capacity": 7}}, "budget_defaults.fleet_capacity (7) is more than the fleet runs"),
         ({"oidc": {"issuer": "http://login.example.com/", "audience": "a"}}, "oidc.issuer"),
         ({"oidc": {"issuer": "https://login.example.com/"}}, "oidc.audience"),
+        ({"event_bus": "arn:aws:sqs:eu-west-1:123456789012:central"}, "event_bus"),  # not a bus's ARN
+        ({"event_bus": "my bus"}, "event_bus"),
     ],
 )
 def test_inconsistent_settings_fail_with_the_field_named(override: dict[str, Any], message: str) -> None:
@@ -188,6 +190,24 @@ def test_inconsistent_settings_fail_with_the_field_named(override: dict[str, Any
     envs = {"dev": deep_merge(ENVIRONMENTS["dev"], override)}
     with pytest.raises(ValidationError, match=re.escape(message)):
         resolve(envs, CDK_CONTEXT.get("environment_defaults"), "dev")
+
+
+def test_deploy_md_states_the_event_bus_default_the_settings_apply() -> None:
+    default = EnvironmentSettings.model_fields["event_bus"].default
+    assert f"`event_bus` `{default}`" in (ROOT / "docs" / "DEPLOY.md").read_text()
+
+
+def test_an_event_bus_given_by_arn_is_granted_as_that_bus_and_sent_to_by_it() -> None:
+    """``event_bus`` may name a central bus by its ARN (perhaps another account's): PutEvents is
+    granted on that ARN, not on ``...:event-bus/arn:aws:events:...``, which denied every event."""
+    from infra.access import event_bus_arn, event_bus_name
+    from infra.settings import deep_merge
+
+    arn = "arn:aws:events:eu-west-1:123456789012:event-bus/central"
+    cfg = resolve(
+        {"dev": deep_merge(ENVIRONMENTS["dev"], {"event_bus": arn})}, CDK_CONTEXT.get("environment_defaults"), "dev"
+    )
+    assert event_bus_arn(cfg) == arn and event_bus_name(cfg) == arn  # PutEvents' EventBusName takes an ARN
 
 
 def test_no_account_or_region_is_hard_coded(synth: Synthesized) -> None:
