@@ -33,6 +33,7 @@ from infra.access import (
 )
 from infra.data import Data
 from infra.functions import FunctionFactory
+from infra.retention import removal_policy
 from infra.settings import EnvironmentSettings
 from infra.task_runners import grant_user_code, user_code_env
 
@@ -103,6 +104,9 @@ def _schedules(scope: Construct, cfg: EnvironmentSettings, data: Data, api: lamb
     message; the executor that receives it submits the task). The API may create, update and
     delete schedules in that group only, and pass that role only, to the Scheduler only."""
     group = scheduler.CfnScheduleGroup(scope, "ScheduleGroup", name=f"{cfg.prefix}-schedules")
+    # It holds the tenants' schedules (made at run time): deleting it deletes them, while a
+    # retained table still lists them. Kept as the environment keeps its data.
+    group.apply_removal_policy(removal_policy(cfg))
     role = iam.Role(
         scope, "SchedulerRole", role_name=f"{cfg.prefix}-scheduler",
         assumed_by=iam.ServicePrincipal("scheduler.amazonaws.com", conditions={

@@ -1564,6 +1564,15 @@ def test_schedules_have_a_group_a_role_that_only_sends_fires_and_an_api_that_may
                                            "scheduler:UpdateSchedule"]  # fmt: skip
 
 
+def test_a_retained_environment_keeps_its_tenants_schedules(synth: Synthesized) -> None:
+    """The schedule group holds the tenants' schedules (made at run time by POST /schedules);
+    deleting it with the stack deletes them while the retained table still lists them."""
+    cfg = settings_of(synth.env_name)
+    (group,) = synth.resources("AWS::Scheduler::ScheduleGroup").values()
+    assert group.get("DeletionPolicy", "Delete") == ("Delete" if cfg.destroy else "Retain")
+    assert group.get("UpdateReplacePolicy", "Delete") == ("Delete" if cfg.destroy else "Retain")
+
+
 def test_conversation_routes_reach_the_api_lambda_behind_the_authorizer(synth: Synthesized) -> None:
     """POST /tasks/{id}/messages, /interrupt and /close (and GET /messages) are served in AWS by the
     same function as every data route: /tasks/{task_id}/{proxy+}, any method, with the API key."""
