@@ -98,7 +98,7 @@ def build_alarms(
     alarm = AlarmFactory(scope, cfg.prefix, topic)
     queue_alarms(alarm, cfg, data, fns)
     task_alarms(alarm, cfg, fns)
-    dependency_alarms(alarm, data, fns, machine, api)
+    dependency_alarms(alarm, cfg, data, fns, machine, api)
     return alarm.alarms
 
 
@@ -183,12 +183,14 @@ def task_alarms(alarm: AlarmFactory, cfg: EnvironmentSettings, fns: Functions) -
     )
 
 
-def dependency_alarms(alarm: AlarmFactory, data: Data, fns: Functions, machine: sfn.StateMachine, api: Api) -> None:
+def dependency_alarms(
+    alarm: AlarmFactory, cfg: EnvironmentSettings, data: Data, fns: Functions, machine: sfn.StateMachine, api: Api
+) -> None:
     """What tasks lean on beyond the executor: callbacks, model providers, fan-out, event streams, the API."""
     alarm(
         "WebhooksDlqNotEmpty",
         data.webhooks_dlq.metric_approximate_number_of_messages_visible(period=FIVE_MINUTES, statistic="Maximum"),
-        1,
+        cfg.alarms.dlq_messages,  # as every DLQ's
         "a task-end callback could not be delivered (its receiver kept failing, or its URL was refused); read "
         "the message's agentq-reason in the webhooks DLQ",
     )

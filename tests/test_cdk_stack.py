@@ -103,6 +103,7 @@ def _worker_context() -> dict[str, Any]:
     dev.update(openai_api_key_secret=OPENAI_SECRET, openai_base_url=OPENAI_BASE_URL, bedrock_models=BEDROCK_MODELS)
     dev["tracing"] = {"exporter": "adot"}
     dev["oidc"] = OIDC  # end users' tokens (docs/DEPLOY.md#end-users-an-oidc-issuer)
+    dev["alarms"] = {**dev.get("alarms", {}), "dlq_messages": 3}  # what no shipped one sets
     return {"environments": {**ENVIRONMENTS, "dev": dev}}
 
 
@@ -959,6 +960,14 @@ def test_every_alarm_the_stack_makes_is_in_deploy_md_by_its_name(synth: Synthesi
     """An on-call engineer looks the paged alarm's name up in docs/DEPLOY.md's table."""
     documented = documented_alarms(settings_of(synth.env_name).prefix)
     assert sorted(set(_alarms(synth)) - documented) == []
+
+
+def test_every_dlq_alarm_fires_at_the_configured_dlq_messages(
+    worker_synth: Synthesized,
+) -> None:
+    """``alarms.dlq_messages`` is every DLQ alarm's threshold (the webhooks' had 1 written in)."""
+    dlq_alarms = {name: a["Threshold"] for name, a in _alarms(worker_synth).items() if name.endswith("-dlq-not-empty")}
+    assert "agentq-dev-webhooks-dlq-not-empty" in dlq_alarms and set(dlq_alarms.values()) == {3}, dlq_alarms
 
 
 def test_alarm_topic_is_encrypted_with_a_key_cloudwatch_may_use(
