@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -127,7 +127,9 @@ class AlarmSettings(_Strict):
     executor_error_rate_percent: float = Field(5.0, gt=0, le=100)
     dlq_messages: int = Field(1, ge=1, description="alarm when a DLQ holds at least this many messages")
     evaluation_minutes: int = Field(5, ge=1, le=60)
-    emails: list[str] = Field(default_factory=list, description="subscribed to the alarm topic")
+    emails: list[Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$", max_length=254)]] = Field(
+        default_factory=list, description="subscribed to the alarm topic (an SNS email subscription each)"
+    )
 
     @model_validator(mode="after")
     def _tiers(self) -> AlarmSettings:

@@ -78,6 +78,7 @@ FUNCTIONS = ("executor", "api", "authorizer", "reaper")
 # One worker for every test that loads the jsii runtime (see above): tests/xdist_scheduling.py.
 CDK_GROUP = pytest.mark.xdist_group("cdk")
 pytestmark = CDK_GROUP
+ONCALL = "oncall@example.com"
 OIDC = {"issuer": "https://login.example.com/", "audience": "agentq-api", "tenant_claim": "https://example.com/org",
         "user_claim": "sub"}  # fmt: skip
 
@@ -103,7 +104,7 @@ def _worker_context() -> dict[str, Any]:
     dev.update(openai_api_key_secret=OPENAI_SECRET, openai_base_url=OPENAI_BASE_URL, bedrock_models=BEDROCK_MODELS)
     dev["tracing"] = {"exporter": "adot"}
     dev["oidc"] = OIDC  # end users' tokens (docs/DEPLOY.md#end-users-an-oidc-issuer)
-    dev["alarms"] = {**dev.get("alarms", {}), "dlq_messages": 3}  # what no shipped one sets
+    dev["alarms"] = {**dev.get("alarms", {}), "dlq_messages": 3, "emails": [ONCALL]}  # what no shipped one sets
     return {"environments": {**ENVIRONMENTS, "dev": dev}}
 
 
@@ -185,6 +186,7 @@ def test_an_unknown_environment_is_refused_with_the_known_ones_named() -> None:
         ({"oidc": {"issuer": "https://login.example.com/"}}, "oidc.audience"),
         ({"event_bus": "arn:aws:sqs:eu-west-1:123456789012:central"}, "event_bus"),  # not a bus's ARN
         ({"event_bus": "my bus"}, "event_bus"),
+        ({"alarms": {"emails": ["oncall.example.com"]}}, "alarms.emails.0"),
     ],
 )
 def test_inconsistent_settings_fail_with_the_field_named(override: dict[str, Any], message: str) -> None:
@@ -962,12 +964,14 @@ def test_every_alarm_the_stack_makes_is_in_deploy_md_by_its_name(synth: Synthesi
     assert sorted(set(_alarms(synth)) - documented) == []
 
 
-def test_every_dlq_alarm_fires_at_the_configured_dlq_messages(
+def test_every_dlq_alarm_fires_at_the_configured_dlq_messages_and_the_emails_are_subscribed(
     worker_synth: Synthesized,
 ) -> None:
     """``alarms.dlq_messages`` is every DLQ alarm's threshold (the webhooks' had 1 written in)."""
     dlq_alarms = {name: a["Threshold"] for name, a in _alarms(worker_synth).items() if name.endswith("-dlq-not-empty")}
     assert "agentq-dev-webhooks-dlq-not-empty" in dlq_alarms and set(dlq_alarms.values()) == {3}, dlq_alarms
+    subscriptions = worker_synth.resources("AWS::SNS::Subscription").values()
+    assert [(s["Properties"]["Protocol"], s["Properties"]["Endpoint"]) for s in subscriptions] == [("email", ONCALL)]
 
 
 def test_alarm_topic_is_encrypted_with_a_key_cloudwatch_may_use(
