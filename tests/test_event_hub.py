@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from agentq.api.event_hub import EventHub
-from agentq.api.events import Watch
+from agentq.api.events import Watch, read_once
 from agentq.core.endusers import Caller
 from agentq.core.models import Lease, TaskStatus
 from agentq.storage.container import Storage, memory_storage
@@ -209,3 +209,57 @@ def test_a_stream_of_a_task_written_after_its_shared_poller_started_waits_for_th
     got = subscriber.until(lambda f: f.get("event") in {"task.created", "end"})
     assert got[-1]["event"] == "task.created"
     hub.detach(poller, early)
+
+
+def _asks_for_a_lookup() -> Any:
+    asks = llm_step(text="looking")
+    asks.content.append({"type": "tool_use", "id": "tu1", "name": "lookup", "input": {"query": "alpha"}})
+    return asks
+
+
+def _id_of_the_llm_step(store: Storage, task_id: str) -> str:
+    """The id its ``agent.message`` was sent with (as the API's page of events names it)."""
+    events = read_once(Watch.open(store, store.tasks.get(task_id), None, tree=False, field="after"), limit=50)
+    return str([e for e in events if e["type"] == "agent.message"][-1]["id"])
+
+
+def test_a_stream_resumed_after_an_llm_step_on_a_warm_poller_gets_the_tools_step_with_its_inputs() -> None:
+    store = memory_storage()
+    lease = claimed(store)
+    hub = EventHub(store, interval=3600, keepalive=60)  # the poller reads only when the test says
+    warm = threading.Event()
+    poller = hub.attach(lease.task_id, warm)  # another stream of the task keeps its poller warm
+    store.steps.commit(lease, 1, _asks_for_a_lookup(), root_id=lease.task_id)
+    poller.poll()
+    # a client whose connection dropped during the tool call comes back with Last-Event-ID
+    last_id = _id_of_the_llm_step(store, lease.task_id)
+    resumed = Subscriber(hub, hub.open(Caller("t"), lease.task_id, last_id, tree=False, field="Last-Event-ID"))
+    store.steps.commit(lease, 2, tools_step(), root_id=lease.task_id)
+    poller.poll()
+    [call] = _event(resumed.until(lambda f: f.get("event") == "agent.tool_results")[-1])["data"]["tool_calls"]
+    assert call["input"] == {"query": "alpha"}
+    hub.detach(poller, warm)
+
+
+def test_a_stream_resumed_ahead_of_a_warm_poller_never_takes_the_tool_inputs_out_of_other_watchers_frames() -> None:
+    """The frame of a tools step is made once per poller and shared: made by a resumed watch
+    without the inputs, every other watcher of the task would be sent ``input: null`` too."""
+    store = memory_storage()
+    lease = claimed(store)
+    hub = EventHub(store, interval=3600, keepalive=60)
+    first = hub.stream(_watch(hub, store, lease.task_id))  # read by the test, after the resumed one
+    assert "task.status" in next(first)
+    poller = hub.pollers[lease.task_id]
+    store.steps.commit(lease, 1, _asks_for_a_lookup(), root_id=lease.task_id)
+    # a client that saw the LLM step on another server comes back here before this poller read it
+    last_id = _id_of_the_llm_step(store, lease.task_id)
+    resumed = Subscriber(hub, hub.open(Caller("t"), lease.task_id, last_id, tree=False, field="Last-Event-ID"))
+    while len(poller.subscribers) < 2 and resumed.thread.is_alive():  # attached: it looks at the older read
+        resumed.thread.join(0.01)
+    store.steps.commit(lease, 2, tools_step(), root_id=lease.task_id)
+    poller.poll()
+    [call] = _event(resumed.until(lambda f: f.get("event") == "agent.tool_results")[-1])["data"]["tool_calls"]
+    assert call["input"] == {"query": "alpha"}  # the resumed one made the shared frame first
+    sent = next(first)
+    assert "agent.message" in sent and '"input":{"query":"alpha"}' in sent, sent
+    first.close()

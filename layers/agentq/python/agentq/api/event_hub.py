@@ -30,7 +30,7 @@ from agentq.api.events import READ_PAGE, SETTLE, Watch, Watched
 from agentq.api.stream_caps import StreamCaps
 from agentq.api.views import owned
 from agentq.core.endusers import Caller
-from agentq.core.models import LLMStep
+from agentq.core.models import LLMStep, ToolsStep
 from agentq.storage.container import Storage
 from agentq.storage.events import Head, LogEvent, Position
 
@@ -330,15 +330,21 @@ class EventHub:
     @staticmethod
     def _shared_frame(watch: Watch, watched: Watched, poller: TaskPoller, event: LogEvent) -> str:
         """The frame of a buffered event: made once per poller for every one-task watch (its id
-        and text are the same for all of them), so a thousand subscribers encode it once."""
+        and text are the same for all of them), so a thousand subscribers encode it once. A tools
+        step's frame names each call's input from the LLM step before it, which each watch holds
+        for itself: one made by a watch without them (resumed past an LLM step it could not read)
+        is sent to that watch alone, never shared, so no other watcher loses the inputs it has."""
         if watch.tree:
             return frame(watch.view(watched, event))
         with poller.lock:
             cached = poller.frames.get(event.position)
         if cached is None:
+            body = event.step.body if event.step is not None else None
+            whole = not isinstance(body, ToolsStep) or all(r.tool_use_id in watched.inputs for r in body.results)
             cached = frame(watch.view(watched, event))
-            with poller.lock:
-                poller.frames[event.position] = cached
+            if whole:
+                with poller.lock:
+                    poller.frames[event.position] = cached
         else:
             watched.cursor = event.position
             if watched.seen is None or event.position > watched.seen:
@@ -361,6 +367,7 @@ class EventHub:
             more = watch.read(watched)
             self.direct_reads += 2
             return [frame(e) for e in watch.take(READ_PAGE)], more
+        _prime(watch, watched, snap.head)
         out = [self._shared_frame(watch, watched, poller, e) for e in snap.events]
         self._caught_up(watched, snap, snap.head)
         delta = watch.delta(watched, snap.head)
@@ -381,7 +388,7 @@ class EventHub:
             more = watch.read(watched)
             self.direct_reads += 2
             return more, None
-        watch.prime_inputs(watched, snap.head)
+        _prime(watch, watched, snap.head)
         watched.pending.extend(snap.events)
         self._caught_up(watched, snap, snap.head)
         return False, snap.head
@@ -392,6 +399,15 @@ class EventHub:
         if snap.through is not None and (watched.seen is None or snap.through > watched.seen):
             watched.seen = snap.through
         watched.gone, watched.read_at, watched.terminal = False, snap.read_at, head.status.terminal
+
+
+def _prime(watch: Watch, watched: Watched, head: Head) -> None:
+    """Load the tool inputs of the LLM step a resumed watch's cursor is at, which its next tools
+    step's frame names: once the poller has read that far. A cursor ahead of the poller's read
+    (a client back from another server, whose reads were fresher) waits for the read that
+    reaches it; primed before, it would find no step and the tools step would name no inputs."""
+    if watched.cursor is None or watched.cursor.step <= head.step:
+        watch.prime_inputs(watched, head)
 
 
 def _stale(watch: Watch, snap: Snapshot) -> bool:
