@@ -11,10 +11,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from agentq.api.event_hub import EventHub
+from agentq.api.event_hub import BUFFER_BYTES, EventHub
 from agentq.api.events import Watch, read_once
 from agentq.core.endusers import Caller
-from agentq.core.models import Lease, TaskStatus
+from agentq.core.models import Lease, TaskStatus, ToolOutcome, ToolsStep
 from agentq.storage.container import Storage, memory_storage
 
 from tests.helpers import scripted
@@ -263,3 +263,60 @@ def test_a_stream_resumed_ahead_of_a_warm_poller_never_takes_the_tool_inputs_out
     sent = next(first)
     assert "agent.message" in sent and '"input":{"query":"alpha"}' in sent, sent
     first.close()
+
+
+def _held(poller: Any) -> int:
+    """The bytes a poller holds: its buffered events (a step's record) and their frames."""
+    events = sum(len(e.step.model_dump_json()) if e.step else len(json.dumps(e.data)) for e in poller.buffer)
+    return events + sum(len(f) for f in poller.frames.values())
+
+
+def _turn(store: Storage, lease: Lease, turn: int) -> int:
+    """An LLM step asking for a lookup (4 KB of text), then its 20 KB result; the tools step's number."""
+    asks = llm_step(text="x" * 4000)
+    asks.content.append({"type": "tool_use", "id": f"tu{turn}", "name": "lookup", "input": {"q": "a"}})
+    store.steps.commit(lease, 2 * turn - 1, asks, root_id=lease.task_id)
+    result = ToolOutcome(
+        tool_use_id=f"tu{turn}", name="lookup", content="y" * 20_000, started_at=time.time(), duration_ms=1
+    )
+    store.steps.commit(lease, 2 * turn, ToolsStep(results=[result]), root_id=lease.task_id)
+    return 2 * turn
+
+
+def test_a_pollers_memory_stays_bounded_over_a_long_task_whose_one_subscriber_keeps_up() -> None:
+    store = memory_storage()
+    lease = claimed(store)
+    hub = EventHub(store, interval=3600, keepalive=60)  # the poller reads only when the test says
+    sub = Subscriber(hub, _watch(hub, store, lease.task_id))
+    sub.until(lambda f: f.get("event") == "task.status")
+    poller = hub.pollers[lease.task_id]
+    for turn in range(1, 101):  # 2.4 MB of steps
+        step = _turn(store, lease, turn)
+        poller.poll()
+        sub.until(lambda f, step=step: f.get("event") == "agent.tool_results" and f'"step":{step},' in f["data"])
+    # what the subscriber had at its last look: the last two turns' events and frames (~100 KB)
+    assert len(poller.buffer) <= 4 and _held(poller) < 128_000, (len(poller.buffer), _held(poller))
+
+
+def test_a_subscriber_the_pollers_byte_cap_passed_still_gets_every_event_in_order() -> None:
+    store = memory_storage()
+    lease = claimed(store)
+    hub = EventHub(store, interval=3600, keepalive=60)
+    slow = hub.stream(_watch(hub, store, lease.task_id))  # read by the test only at the end
+    assert "task.status" in next(slow)
+    fast = Subscriber(hub, _watch(hub, store, lease.task_id))
+    fast.until(lambda f: f.get("event") == "task.status")
+    poller = hub.pollers[lease.task_id]
+    for turn in range(1, 101):
+        step = _turn(store, lease, turn)
+        poller.poll()
+        fast.until(lambda f, step=step: f.get("event") == "agent.tool_results" and f'"step":{step},' in f["data"])
+        assert _held(poller) < BUFFER_BYTES + 120_000  # the cap, and the last read's turn
+    store.steps.commit(
+        lease, 201, llm_step(text="done"), root_id=lease.task_id, finish=TaskStatus.SUCCEEDED, result="x"
+    )
+    poller.poll()
+    sent = [f for chunk in slow for block in chunk.split("\n\n") if block and "id: " in block for f in [block]]
+    steps = [json.loads(b.split("data: ", 1)[1])["data"].get("step") for b in sent]
+    assert [s for s in steps if s is not None] == list(range(1, 202))
+    assert sent[-1].splitlines()[1] == "event: task.status"

@@ -4,9 +4,10 @@ Why a poller per task rather than per client: a watcher learns of a change by re
 a thousand clients of one task reading it each would multiply the table's reads by a thousand.
 A ``TaskPoller`` reads META (one strongly consistent GetItem) every ``interval`` and the new
 items only when META's step, seq, epoch, status or live text changed; it keeps what it read in a
-buffer that every subscriber of the task takes its events from. A subscriber behind the buffer
-(a reconnect with an old ``Last-Event-ID``) reads its own way up from the table first, then
-joins: whatever it reads is at positions the log never changes, so the two never disagree. A
+buffer that every subscriber of the task takes its events from, until every subscriber has taken
+it (and no more than ``BUFFER_BYTES``: memory follows the slowest subscriber's lag, not the task's
+history). A subscriber behind the buffer (a reconnect with an old ``Last-Event-ID``, or one the
+cap passed) reads its own way up from the table first, then joins: whatever it reads is at positions the log never changes, so the two never disagree. A
 tree's watch takes each task's events into its own queue and sends them in the tree's order
 (``api/events.py``), holding one until the other tasks' pollers have read past its time.
 
@@ -36,7 +37,10 @@ from agentq.storage.events import Head, LogEvent, Position
 
 RETRY = "retry: 1000\n"  # sent with the first event: a reconnect after a second
 END = "event: end\ndata: {}\n\n"  # every watched task has ended: a client stops here (no reconnect)
-BUFFER_EVENTS = 2000  # per task: a subscriber further behind reads the table itself
+# Per task, a poller holds only what a subscriber has not taken yet, and at most this much of it
+# (the last read's events always): a subscriber further behind reads the table itself.
+BUFFER_EVENTS = 2000
+BUFFER_BYTES = 128_000  # of events and their frames: 5,000 slow streams of 5,000 tasks hold 640 MB at most
 
 
 def frames(events: list[dict[str, Any]]) -> str:
@@ -82,13 +86,17 @@ class TaskPoller:
         self.linger = linger
         self.on_stop = on_stop  # called once the poller has stopped for want of subscribers
         self.lock = threading.Lock()
-        self.subscribers: set[threading.Event] = set()
+        # each subscriber's place: what it had of the task at its last look (None: not known yet)
+        self.subscribers: dict[threading.Event, Position | None] = {}
         self.head: Head | None = None
         self.read_at: float | None = None
         self.base: Position | None = None
         self.through: Position | None = None
         self.buffer: list[LogEvent] = []
         self.frames: dict[Position, str] = {}  # the frame of each buffered event, for one-task watches
+        self.sizes: list[int] = []  # of each buffered event
+        self.held = 0  # bytes of the buffered events and frames
+        self.fresh: Position | None = None  # the buffer's events after this came with the last read
         self.stopped = threading.Event()
         self.reads = 0  # table calls made (bench/events.py)
         self.idle_since: float | None = None
@@ -145,6 +153,7 @@ class TaskPoller:
         if head is not None and self.head is not None and head.fingerprint == self.head.fingerprint:
             with self.lock:
                 self.read_at = read_at
+                self._trim()
             return
         new: list[LogEvent] = []
         moved = head is not None and (
@@ -159,26 +168,58 @@ class TaskPoller:
                 if len(page) < READ_PAGE:
                     break
                 after = page[-1].position
+        sizes = [_size(e) for e in new]
         with self.lock:
             self.head, self.read_at = head, read_at
             if head is not None:
                 if self.base is None:
                     self.base = head.position
+                if new:
+                    self.fresh = self.through
                 self.buffer += new
-                if len(self.buffer) > BUFFER_EVENTS:
-                    drop = len(self.buffer) - BUFFER_EVENTS
-                    self.base = self.buffer[drop - 1].position
-                    del self.buffer[:drop]
-                    self.frames = {p: f for p, f in self.frames.items() if p > self.base}
+                self.sizes += sizes
+                self.held += sum(sizes)
                 self.through = head.position
+                self._trim()
             waiting = list(self.subscribers)
         for wake in waiting:
             wake.set()
 
-    def snapshot(self, after: Position | None) -> Snapshot:
+    def _trim(self) -> None:
+        """(Under the lock.) Drop the events every subscriber had at its last look (all of them
+        with none attached), then the oldest while over the caps, never the last read's (every
+        subscriber keeping up needs those). Why by what was taken: a task's history is not what
+        its watchers need, and 150 turns of 20 KB results held for a caught-up subscriber are
+        7.8 MB. A subscriber the caps passed reads its own way up from the table (``seen < base``)."""
+        known = [p for p in self.subscribers.values() if p is not None]
+        floor = self.through if not self.subscribers else min(known) if len(known) == len(self.subscribers) else None
+        n = 0
+        while n < len(self.buffer):
+            at = self.buffer[n].position
+            over = self.held > BUFFER_BYTES or len(self.buffer) - n > BUFFER_EVENTS
+            if not ((floor is not None and at <= floor) or (over and (self.fresh is None or at <= self.fresh))):
+                break
+            self.held -= self.sizes[n] + len(self.frames.pop(at, ""))
+            n += 1
+        if n:
+            self.base = self.buffer[n - 1].position
+            del self.buffer[:n], self.sizes[:n]
+
+    def snapshot(self, after: Position | None, wake: threading.Event | None = None) -> Snapshot:
+        """The buffer's events after ``after``; ``wake``'s subscriber has everything up to it
+        (the poller's next read drops what all have)."""
         with self.lock:
+            if wake in self.subscribers:
+                self.subscribers[wake] = after
             events = [e for e in self.buffer if after is None or e.position > after]
             return Snapshot(self.head, self.read_at, self.base, self.through, events)
+
+    def share(self, position: Position, text: str) -> None:
+        """Keep the frame of a buffered event for the task's other one-task watches."""
+        with self.lock:
+            if self.base is not None and position > self.base and position not in self.frames:
+                self.frames[position] = text
+                self.held += len(text)
 
 
 class EventHub:
@@ -217,21 +258,21 @@ class EventHub:
             if poller is not None:
                 with poller.lock:
                     if not poller.stopped.is_set():
-                        poller.subscribers.add(wake)
+                        poller.subscribers[wake] = None
                         poller.idle_since = None
                         poller.eager += eager
                         if eager:
                             poller.nudged.set()  # leave a long idle wait now
                         return poller
             poller = TaskPoller(self.store, task_id, self.interval, self.linger, self._stopped, self.idle_interval)
-            poller.subscribers.add(wake)
+            poller.subscribers[wake] = None
             poller.eager += eager
             self.pollers[task_id] = poller.start()
             return poller
 
     def detach(self, poller: TaskPoller, wake: threading.Event, *, eager: bool = False) -> None:
         with poller.lock:
-            poller.subscribers.discard(wake)
+            poller.subscribers.pop(wake, None)
             poller.eager -= eager
             if not poller.subscribers:
                 poller.idle_since = time.monotonic()
@@ -295,7 +336,7 @@ class EventHub:
                 if watch.tree:
                     heads: dict[str, Head] = {}
                     for task_id, watched in list(watch.tasks.items()):
-                        more, head = self._fill(watch, watched, attached[task_id])
+                        more, head = self._fill(watch, watched, attached[task_id], wake)
                         behind = behind or more
                         if head is not None:
                             heads[task_id] = head
@@ -305,7 +346,7 @@ class EventHub:
                         if delta is not None:
                             out.append(frame(delta))
                 else:
-                    out, behind = self._next(watch, watch.tasks[watch.root], attached[watch.root])
+                    out, behind = self._next(watch, watch.tasks[watch.root], attached[watch.root], wake)
                 if out:
                     yield retry + "".join(out)
                     retry = ""
@@ -343,8 +384,7 @@ class EventHub:
             whole = not isinstance(body, ToolsStep) or all(r.tool_use_id in watched.inputs for r in body.results)
             cached = frame(watch.view(watched, event))
             if whole:
-                with poller.lock:
-                    poller.frames[event.position] = cached
+                poller.share(event.position, cached)
         else:
             watched.cursor = event.position
             if watched.seen is None or event.position > watched.seen:
@@ -355,9 +395,11 @@ class EventHub:
                     watched.inputs = {u["id"]: u.get("input") or {} for u in event.step.body.tool_uses()}
         return cached
 
-    def _next(self, watch: Watch, watched: Watched, poller: TaskPoller) -> tuple[list[str], bool]:
+    def _next(
+        self, watch: Watch, watched: Watched, poller: TaskPoller, wake: threading.Event
+    ) -> tuple[list[str], bool]:
         """What to send of a one-task watch now, and whether more is ready at once (reading behind)."""
-        snap = poller.snapshot(watched.seen)
+        snap = poller.snapshot(watched.seen, wake)
         if snap.head is None:
             if _stale(watch, snap):
                 return [], False
@@ -375,10 +417,12 @@ class EventHub:
             out.append(frame(delta))
         return out, False
 
-    def _fill(self, watch: Watch, watched: Watched, poller: TaskPoller) -> tuple[bool, Head | None]:
+    def _fill(
+        self, watch: Watch, watched: Watched, poller: TaskPoller, wake: threading.Event
+    ) -> tuple[bool, Head | None]:
         """Take what the poller has of one task of a tree into its queue (or read it from the
         table when behind the poller's buffer); whether more is ready at once, and its META."""
-        snap = poller.snapshot(watched.seen)
+        snap = poller.snapshot(watched.seen, wake)
         if snap.head is None:
             if _stale(watch, snap):
                 return False, None
@@ -399,6 +443,11 @@ class EventHub:
         if snap.through is not None and (watched.seen is None or snap.through > watched.seen):
             watched.seen = snap.through
         watched.gone, watched.read_at, watched.terminal = False, snap.read_at, head.status.terminal
+
+
+def _size(event: LogEvent) -> int:
+    """About the bytes an event holds (a step's record, which its frame repeats, dominates)."""
+    return len(event.step.model_dump_json()) if event.step is not None else len(json.dumps(event.data, default=str))
 
 
 def _prime(watch: Watch, watched: Watched, head: Head) -> None:
