@@ -320,3 +320,30 @@ def test_a_subscriber_the_pollers_byte_cap_passed_still_gets_every_event_in_orde
     steps = [json.loads(b.split("data: ", 1)[1])["data"].get("step") for b in sent]
     assert [s for s in steps if s is not None] == list(range(1, 202))
     assert sent[-1].splitlines()[1] == "event: task.status"
+
+
+def test_a_tree_stream_on_a_fed_hub_stops_reading_sub_agents_that_have_ended_and_a_root_left_alone() -> None:
+    from agentq.core.fanout import ChildPlan
+
+    store = memory_storage()
+    lease = claimed(store, max_tokens=10_000)
+    parent = store.tasks.get(lease.task_id)
+    plans = [ChildPlan(f"child{i}-{time.time_ns()}", scripted([{"text": "c"}]), 100, 60) for i in range(20)]
+    assert store.spawns.create(lease, parent, "sp1", plans, [], 20)
+    for plan in plans:  # every sub-agent runs and ends; the root goes on running
+        got = store.tasks.claim(plan.task_id, "w1", 30)
+        assert got is not None
+        store.steps.commit(got[0], 1, llm_step(), root_id=lease.task_id, finish=TaskStatus.SUCCEEDED, result="x")
+    hub = EventHub(store, interval=0.1, keepalive=60, idle_interval=30.0)  # fed by the table's stream
+    sub = Subscriber(hub, hub.open(Caller("t"), lease.task_id, None, tree=True, field="after"))
+    for _ in plans:
+        sub.until(lambda f: f.get("event") == "task.status" and '"succeeded"' in f["data"], timeout=10)
+    deadline = time.monotonic() + 5
+    while any(p.eager for p in list(hub.pollers.values())) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the stream has taken the last sub-agent's end: its next look drops them
+    before = hub.reads
+    time.sleep(2.0)  # 20 of the pollers' intervals, nothing written to any task of the tree
+    assert hub.reads - before <= 2, f"{hub.reads - before} table reads in 2 s of a tree of 20 ended sub-agents"
+    store.steps.commit(lease, 1, llm_step(text="root goes on"), root_id=lease.task_id)
+    hub.nudge({lease.task_id})  # as the table's stream does
+    assert _event(sub.until(lambda f: f.get("event") == "agent.message" and "root goes on" in f["data"])[-1])

@@ -81,7 +81,7 @@ class TaskPoller:
         # ``idle_interval`` (a safety net), unless a tree's watch needs its reads' times fresh.
         self.idle_interval = idle_interval
         self.nudged = threading.Event()
-        self.eager = 0  # tree watches attached: they hold events by this poller's read times
+        self.eager = 0  # tree watches that hold events by this poller's read times (EventHub._hold)
         self.strong = True  # the next read is strongly consistent (off: a live-text-only nudge)
         self.linger = linger
         self.on_stop = on_stop  # called once the poller has stopped for want of subscribers
@@ -100,6 +100,7 @@ class TaskPoller:
         self.stopped = threading.Event()
         self.reads = 0  # table calls made (bench/events.py)
         self.idle_since: float | None = None
+        self.last_read = time.monotonic()
         self.thread = threading.Thread(target=self._run, name=f"events-{task_id[:8]}", daemon=True)
 
     def start(self) -> TaskPoller:
@@ -115,9 +116,12 @@ class TaskPoller:
     def _period(self) -> float:
         return self.interval if self.idle_interval is None or self.eager else self.idle_interval
 
+    def _due(self) -> float:
+        return max(0.0, self.last_read + self._period() - time.monotonic())
+
     def _run(self) -> None:
         while True:
-            nudged = self.nudged.wait(self._period())
+            nudged = self.nudged.wait(self._due())
             self.nudged.clear()
             if self.stopped.is_set():
                 return
@@ -129,6 +133,8 @@ class TaskPoller:
                 if self.on_stop is not None:
                     self.on_stop(self)
                 return
+            if not nudged and self._due() > 0:
+                continue  # the last tree watch stopped holding events by it mid-wait: wait out the longer period
             with self.lock:
                 strong = self.idle_interval is None or self.strong or self.eager > 0 or not nudged
                 self.strong = False
@@ -136,6 +142,7 @@ class TaskPoller:
                 self.poll(consistent=strong)
             except Exception:  # a failed read is retried at the next tick; the stream stays up
                 time.sleep(self.interval)
+            self.last_read = time.monotonic()
 
     def poll(self, *, consistent: bool = True) -> None:
         """Read META, and the log after ``through`` when it moved. An eventually consistent read
@@ -324,6 +331,7 @@ class EventHub:
         """The frames of ``watch``'s stream until every task has ended (see the module)."""
         wake = threading.Event()
         attached: dict[str, TaskPoller] = {}
+        eager: dict[str, bool] = {}  # of a tree's tasks: whether this watch holds events by its poller's reads
         retry = RETRY  # with the first event
         try:
             quiet_since = time.monotonic()
@@ -331,6 +339,7 @@ class EventHub:
                 for task_id in list(watch.tasks):
                     if task_id not in attached:
                         attached[task_id] = self.attach(task_id, wake, eager=watch.tree)
+                        eager[task_id] = watch.tree
                 out: list[str] = []
                 behind = False
                 if watch.tree:
@@ -345,6 +354,7 @@ class EventHub:
                         delta = watch.delta(watch.tasks[task_id], head)
                         if delta is not None:
                             out.append(frame(delta))
+                    self._hold(watch, attached, eager)
                 else:
                     out, behind = self._next(watch, watch.tasks[watch.root], attached[watch.root], wake)
                 if out:
@@ -365,8 +375,27 @@ class EventHub:
                 wake.wait(timeout=min(wait, self.interval) if held else wait)  # a poller sets it on any change
                 wake.clear()
         finally:
-            for poller in attached.values():
-                self.detach(poller, wake, eager=watch.tree)
+            for task_id, poller in attached.items():
+                self.detach(poller, wake, eager=eager[task_id])
+
+    @staticmethod
+    def _hold(watch: Watch, attached: dict[str, TaskPoller], eager: dict[str, bool]) -> None:
+        """Make a tree's poller read every ``interval`` (eager) only while its reads can release
+        an event: while its task has not ended and another task of the tree has events still to
+        send (``Watch.ready`` waits for the reads of the tasks not ended only). A sub-agent that
+        ended and was read to its end, and a root left alone running, are read as any one-task
+        watch's task: when the table's stream nudges them (``idle_interval`` on a fed hub).
+        Eager, 20 ended sub-agents of a running root cost 200 strong reads in 3 s for nothing."""
+        live = {t for t, w in watch.tasks.items() if not w.done}
+        for task_id, poller in attached.items():
+            watched = watch.tasks[task_id]
+            want = not (watched.terminal and watched.read_at is not None) and bool(live - {task_id})
+            if want != eager[task_id]:
+                eager[task_id] = want
+                with poller.lock:
+                    poller.eager += 1 if want else -1
+                if want:
+                    poller.nudged.set()  # its reads are held for now: leave a long idle wait
 
     @staticmethod
     def _shared_frame(watch: Watch, watched: Watched, poller: TaskPoller, event: LogEvent) -> str:
