@@ -364,3 +364,15 @@ def test_the_first_step_commit_of_a_claim_drops_the_claim_before_it_from_meta_an
     after = _all(backend, task_id)
     _each_read_holds_the_one_before([before, after])
     assert _claim_epochs(after) == [1, 2]
+
+
+def test_a_fork_at_the_last_step_of_a_finished_task_never_logs_the_sources_ending_as_its_own(
+    backend: Storage,
+) -> None:
+    task_id = _a_finished_task(backend)
+    source = backend.tasks.get(task_id)
+    fork = backend.tasks.fork(source, source.submission, backend.steps.load(task_id, upto=3), tenant=source.tenant)
+    assert backend.tasks.get(fork.task_id).status is TaskStatus.QUEUED
+    # the source's ending stays in its own log; the fork's has the copied steps and no ending yet
+    assert _kinds(_all(backend, task_id))[-1] == "task.status:succeeded"
+    assert _kinds(_all(backend, fork.task_id)) == ["task.created:queued", "step:1", "step:2", "step:3"]

@@ -78,6 +78,9 @@ def step_sk(number: int) -> str:
 
 
 LAST_STEP_SK = f"{STEP}999999"
+# A STEP item's attributes naming the status its commit ended the task with (storage/steps.py),
+# which the task's log reads as that step's second event (storage/events.py).
+STEP_ENDING = ("finish", "finish_error")
 
 
 def claim_sk(epoch: int) -> str:

@@ -273,6 +273,11 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         for record in steps:
             item = dict(originals[record.number])
             item["pk"] = keys.task_pk(task_id)
+            # The status the source's commit ended it with is the source's event, not the fork's:
+            # copied, the fork's log would show it ended before it ran. The engine ends a fork at a
+            # copied answer itself (``core.engine._loop._end_on_copied_answer``).
+            for ending in keys.STEP_ENDING:
+                item.pop(ending, None)
             if "ref" in item:
                 # The fork owns a copy: payloads live under their task's prefix, and the source's
                 # go when its retention ends (agentq.control.retention), while the fork may live on.
