@@ -2,12 +2,14 @@
 every event id of several trees resumes exactly the rest (live and replayed, tree and one-task
 streams, ``Last-Event-ID`` and ``?after=``), an id is the same live and replayed, the order keeps
 each task's commit order and puts a parent's ending after its sub-agents' work, and a cursor that
-is not one the API issued is a 400 naming the field that carried it."""
+is not one the API issued is a 400 naming the field that carried it, while one naming a sub-agent
+purged since resumes the rest of the tree."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -17,10 +19,15 @@ from typing import Any
 import pytest
 
 from agentq.api.client import Client
+from agentq.api.events import Watch, read_once
 from agentq.api.models import TaskEvent
+from agentq.core.fanout import ChildPlan
+from agentq.core.models import TaskStatus
+from agentq.storage.container import memory_storage
 
 from tests.api_support import ApiStack
-from tests.helpers import call
+from tests.helpers import call, scripted
+from tests.storage_conformance._builders import claimed, llm_step
 
 
 def _leaf(name: str, turns: int = 1) -> dict[str, Any]:
@@ -286,3 +293,25 @@ def test_a_tree_id_the_api_did_not_issue_is_a_400_naming_the_field_that_carried_
         query = urllib.parse.urlencode({"tree": "true", "after": cursor})
         status, body = _sse(api_stack, f"/tasks/{root}/events?{query}")
         assert status == 400 and json.loads(body)["error"]["field"] == "after", repr(cursor)
+
+
+def test_a_tree_id_naming_a_sub_agent_purged_since_still_resumes_the_rest_of_the_tree() -> None:
+    """A finished sub-agent may be purged (``agentq purge``, its retention's TTL) while the tree
+    goes on: an id naming it resumes the rest, instead of a 400 that no resume gets past."""
+    store = memory_storage()
+    lease = claimed(store, max_tokens=10_000)
+    parent = store.tasks.get(lease.task_id)
+    plans = [ChildPlan(f"child{i}-{time.time_ns()}", scripted([{"text": "c"}]), 100, 60) for i in range(2)]
+    assert store.spawns.create(lease, parent, "sp1", plans, [], 2)
+    for plan in plans:
+        got = store.tasks.claim(plan.task_id, "w1", 30)
+        assert got is not None
+        store.steps.commit(got[0], 1, llm_step(), root_id=lease.task_id, finish=TaskStatus.SUCCEEDED, result="x")
+    sent = read_once(Watch.open(store, parent, None, tree=True, field="after", settle=0.0), limit=200)
+    last_id = sent[-1]["id"]
+    assert "~1:" in last_id  # it names the first sub-agent's place
+    store.purge.task(plans[0].task_id)
+    store.steps.commit(lease, 1, llm_step(text="root goes on"), root_id=lease.task_id)
+    root = store.tasks.get(lease.task_id)
+    resumed = Watch.open(store, root, last_id, tree=True, field="Last-Event-ID", settle=0.0)
+    assert [(e["type"], e["tree_path"]) for e in read_once(resumed, limit=200)] == [("agent.message", "")]

@@ -110,7 +110,7 @@ class Watch:
     ) -> Watch:
         """The watch of ``task`` (or its tree) after ``cursor`` (None: from the start). A cursor
         of another task or tree, past a task's end, or one this API did not issue, is
-        ``InvalidCursor`` naming ``field``."""
+        ``InvalidCursor`` naming ``field``; a sub-agent it names that is gone since is left out."""
         watch = cls(store, task, tree=tree, field=field, settle=settle)
         if not cursor:
             return watch
@@ -131,6 +131,11 @@ class Watch:
             if watched.cursor is None:
                 continue
             head = store.events.head(watched.task_id)
+            if head is None and watched.path:
+                # A sub-agent purged since (``agentq purge``, its retention's TTL): it has nothing
+                # more to send, and the rest of the tree resumes. Refused, the id never resumed again.
+                watched.gone = True
+                continue
             if head is None or watched.cursor > head.position:
                 name = f"sub-agent {path_text(watched.path)}" if watched.path else f"task {watched.task_id}"
                 raise InvalidCursor(f"{field}: event {watched.cursor} of {name} is past its end", field=field)
