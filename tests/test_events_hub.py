@@ -2,7 +2,8 @@
 DynamoDB Streams, named by the API's ``GET /health``, read by the Python client; real worker
 processes. Ordering and resumption through the hub, the pollers reading only when the stream
 says so, tenancy with two tenants' keys and users' tokens, the caps on open streams (the excess
-refused, the agents' steps unaffected), and the fall back to the API's route when the hub dies.
+refused, the agents' steps unaffected, a client that stops reading let go), and the fall back to
+the API's route when the hub dies.
 """
 
 from __future__ import annotations
@@ -10,20 +11,26 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
+from agentq.api.app import build_app
 from agentq.api.client import Client
 from agentq.api.event_hub import EventHub
+from agentq.api.http_server import LOCAL_TENANT, ApiServer
 from agentq.api.stream_caps import StreamCaps
+from agentq.core.tools.builtin import default_registry
+from agentq.storage.container import memory_storage
 from agentq_dev.stack import LocalStack
 
 from tests.helpers import call
+from tests.storage_conformance._builders import claimed, llm_step
 
 PYTHONPATH = {"PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")]))}
 
@@ -183,6 +190,40 @@ def test_a_flood_of_watchers_past_the_cap_is_refused_and_the_agents_steps_are_un
         status, _, stream = open_stream(hub, watched, None)
         stream.close()
         assert status == 200
+
+
+def test_a_stream_whose_client_stops_reading_is_closed_and_frees_its_slot() -> None:
+    """A client alive but reading nothing (its receive window shut) once blocked the hub's write
+    for good: its thread and its stream slot were never given back. Here a real socket with a
+    tiny receive buffer never reads while ~6 MB of frames are due to it."""
+    store = memory_storage()
+    lease = claimed(store, tenant=LOCAL_TENANT)
+    caps = StreamCaps(per_tenant=1, per_user=1)
+    hub = EventHub(store, interval=0.02, keepalive=0.2, caps=caps)
+    app = build_app(store, default_registry(), None, default_tenant=LOCAL_TENANT)  # type: ignore[arg-type]  # reads only
+    server = ApiServer(app.resolve, hub=hub).start()
+    stalled = socket.socket()
+    try:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        port = server.httpd.server_port
+        stalled.connect(("127.0.0.1", port))
+        stalled.sendall(f"GET /tasks/{lease.task_id}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                        "Accept: text/event-stream\r\n\r\n".encode())  # fmt: skip
+        _until(lambda: caps.open_streams(LOCAL_TENANT) == 1, "the stream to open")
+        for n in range(1, 400):  # ~6 MB of frames: more than every buffer between the two holds
+            store.steps.commit(lease, n, llm_step(text=f"{n}" + "x" * 15_000), root_id=lease.task_id)
+        # the slot is given back as the stream's handler returns: its thread is free too
+        _until(lambda: caps.open_streams(LOCAL_TENANT) == 0, "the stalled client's slot to be freed")
+    finally:
+        stalled.close()
+        server.stop()
+
+
+def _until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
+        time.sleep(0.05)
 
 
 def test_two_tenants_and_two_users_on_the_hub_see_only_their_own_tasks() -> None:

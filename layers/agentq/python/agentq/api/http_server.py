@@ -244,6 +244,7 @@ class _Server(ThreadingHTTPServer):
 
 
 _EVENTS_PATH = re.compile(r"/tasks/([^/]+)/events")
+_SEND_PIECE = 64 * 1024  # a stream is sent in pieces: a slow reader need take only one per send timeout
 # The events hub is read from the console's origin (the API's) and any other page holding a key.
 _CORS = {
     "Access-Control-Allow-Origin": "*",
@@ -457,11 +458,17 @@ class ApiServer:
                     self.send_header(name, value)
                 self.end_headers()
                 self.close_connection = True
+                # A client that stops reading (a zero receive window) blocked a write for good, and
+                # with it this thread and its stream slot: a piece not taken within two keep-alive
+                # periods is taken for the client gone, and the slot frees as the stream ends.
+                self.connection.settimeout(2 * hub.keepalive)
                 try:
                     for chunk in hub.stream(watch):
-                        self.wfile.write(chunk.encode())
+                        data = chunk.encode()
+                        for start in range(0, len(data), _SEND_PIECE):
+                            self.wfile.write(data[start : start + _SEND_PIECE])
                         self.wfile.flush()
-                except (BrokenPipeError, ConnectionResetError):
+                except (BrokenPipeError, ConnectionResetError, TimeoutError):
                     pass  # the client went away: its poller subscription ends with the generator
 
             def __getattr__(self, name: str) -> Any:  # every method reaches the handler (405 for the wrong one)
