@@ -65,7 +65,11 @@ API_SECONDS, AUTH_SECONDS = 0.1, 0.05  # a ticket's API invocation, an authorize
 HUB_WATCHERS_PER_VCPU = 5000  # open streams one hub vCPU is given (an assumption: locally 200 on a shared 2-core box)
 STREAM_POLL = 0.4  # agentq.hub: a server's GetRecords per shard every this long (api/stream_feed.py)
 DELTA_BYTES = 400  # a live-text frame (its JSON, about a second of text)
-COMMIT_READS = 2.0  # read units a server spends per committed event of a task it serves: META + the log
+# Read units a server spends per committed event of a task it serves: META + the log's new step
+# (measured on the fed hub by DynamoDB's rules: 2 for a step item up to 4 KB, one more per 4 KB
+# above it, 4 for a tools step with a 10 KB result; before storage/events.py stopped re-reading
+# the step already sent, 4 and 7).
+COMMIT_READS = 2.0
 LIVE_READS = 0.5  # per live-text write: META, eventually consistent
 SHARD_WRU = 1000  # write units a second per table partition (one stream shard each)
 SEED = {"agents": 10_000, "model_calls_per_s": 833, "checkpoint_writes_per_s": 1666}

@@ -376,3 +376,38 @@ def test_a_fork_at_the_last_step_of_a_finished_task_never_logs_the_sources_endin
     # the source's ending stays in its own log; the fork's has the copied steps and no ending yet
     assert _kinds(_all(backend, task_id))[-1] == "task.status:succeeded"
     assert _kinds(_all(backend, fork.task_id)) == ["task.created:queued", "step:1", "step:2", "step:3"]
+
+
+class _StepReads:
+    """The event log's table, recording the STEP items each query returns."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self.steps: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.table, name)
+
+    def query(self, *args: Any, **kwargs: Any) -> Any:
+        items = self.table.query(*args, **kwargs)
+        self.steps += [str(i["sk"]) for i in items if str(i["sk"]).startswith(keys.STEP)]
+        return items
+
+
+def test_a_read_of_a_new_step_reads_no_step_item_already_returned(backend: Storage) -> None:
+    lease = claimed(backend)
+    for n in (1, 2):
+        backend.steps.commit(lease, n, llm_step(text=f"turn {n}"), root_id=lease.task_id)
+    head = backend.events.head(lease.task_id)
+    assert head is not None
+    at_step = _all(backend, lease.task_id)[-1].position  # a client's cursor: the step 2 event it got
+    backend.steps.commit(lease, 3, llm_step(text="turn 3"), root_id=lease.task_id)
+    recording = _StepReads(backend.events.table)
+    backend.events.table = recording
+    # a reader that read up to META (the hub's poller) reads the new step alone
+    assert _kinds(_all(backend, lease.task_id, head.position)) == ["step:3"]
+    assert recording.steps == ["STEP#000003"]
+    recording.steps.clear()
+    # a cursor at a step reads that step again: its finish, a second event, may follow it
+    assert _kinds(_all(backend, lease.task_id, at_step)) == ["step:3"]
+    assert recording.steps == ["STEP#000002", "STEP#000003"]

@@ -312,12 +312,16 @@ class EventLog:
             if len(events) == limit:  # more may follow: stop at the last one read
                 last = plain(events[-1])
                 horizon = min(horizon, Position(int(last["after_step"]), int(last["seq"]), RANK_CLAIM, 10**9 - 1))
-        first_step = max(1, after.step) if after is not None else 1
+        # The steps not sent yet: after the cursor's, or from its own when it stands at a step,
+        # whose finish (its second event) may follow. Never one sent before: each read of a new
+        # step would read them again, for nothing (the tool inputs a tools step's view names are
+        # the watcher's, ``api.events.Watch.prime_inputs``).
+        own = after is not None and after.rank == RANK_STEP
+        first_step = 1 if after is None else after.step if own else after.step + 1
         steps: list[Item] = []
         if head.step >= first_step:
-            # one step before the first: a tools step names the calls of the LLM step before it
-            want = limit + 2  # the step before the first, the cursor's own (its finish), then ``limit`` more
-            steps = self._query_between(task_id, keys.step_sk(max(1, first_step - 1)), keys.step_sk(head.step), want)
+            want = limit + 1 if own else limit  # the cursor's own step (its finish), then ``limit`` more
+            steps = self._query_between(task_id, keys.step_sk(max(1, first_step)), keys.step_sk(head.step), want)
             if len(steps) == want:
                 horizon = min(horizon, Position(int(plain(steps[-1])["number"]) + 1, 0, 0, 0))
         logged = [plain(e) for e in events]
