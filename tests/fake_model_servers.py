@@ -161,7 +161,12 @@ def _handler(api: _ScriptedServer) -> type[BaseHTTPRequestHandler]:
             if reply.gate is not None and sent.events is None and not reply.gate.hold(self.connection):
                 self.close_connection = True
                 return
-            if self._send(sent) and api.on_delivered is not None and 200 <= reply.status < 300:
+            try:
+                delivered = self._send(sent)
+            except (BrokenPipeError, ConnectionResetError):  # its client went (a worker killed mid-reply)
+                self.close_connection = True
+                return  # not delivered whole: not counted, as a reply cut at a gate
+            if delivered and api.on_delivered is not None and 200 <= reply.status < 300:
                 api.on_delivered(recorded, reply)
 
         def _send(self, reply: FakeReply) -> bool:
