@@ -38,7 +38,7 @@ from collections.abc import Iterable
 
 from agentq.api.errors import Forbidden
 from agentq.api.models import ForkRequest
-from agentq.core.agents import DEFINED_BY_AGENT
+from agentq.core.agents import DEFINED_BY_AGENT, parse_ref
 from agentq.core.endusers import Caller
 from agentq.core.models import SET_BY_AGENTQ, Constraints, TaskSubmission
 from agentq.core.workspace import WorkspaceSpec
@@ -136,7 +136,7 @@ def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
     named += [f"constraints.{f}" for f in Constraints.model_fields if f in limits and f not in USER_CONSTRAINTS]
     named += [f"workspace.{f}" for f in WorkspaceSpec.model_fields if f in workspace and f not in USER_WORKSPACE]
     named += ["priority"] if submission.priority not in USER_PRIORITIES else []
-    named += ["agent@N"] if submission.agent is not None and pinned_version(submission.agent) else []
+    named += ["agent@N"] if submission.agent is not None and isinstance(parse_ref(submission.agent)[1], int) else []
     if named:
         raise _refuse(named[0], USER_FIELDS)
     if "approval_default" in limits and submission.constraints.approval_default == "approve":
@@ -147,12 +147,6 @@ def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
             "its own task's other asks itself (POST /tasks/{id}/approve)",
             field="constraints.approval_default",
         )
-
-
-def pinned_version(agent: str) -> bool:
-    """Whether ``agent`` names a version by its number (``support@3``), not its latest or an alias."""
-    _, after = agent.partition("@")[::2]
-    return after.isdigit()
 
 
 def user_fork(request: ForkRequest) -> None:
