@@ -184,6 +184,30 @@ def test_a_tree_deeper_than_the_scan_goes_is_refused_and_undone_and_the_task_goe
     assert leftovers(tmp_path / "root") == []  # the run's end removed the 1,100-deep tree too
 
 
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [("printf x > \"$(printf 'bad\\377name')\"", "name 'bad\\xffname'"),
+     ("ln -s \"$(printf 'to\\376')\" link", "link target of 'link' 'to\\xfe'")],
+    ids=["name", "link_target"],
+)  # fmt: skip
+def test_a_name_or_link_target_that_is_not_utf8_is_refused_naming_it_and_undone_and_the_task_goes_on(
+    store: Storage, tmp_path: Path, command: str, named: str
+) -> None:
+    turns = [
+        {"text": "keep", "tool_calls": [call("write_file", path="kept.txt", content="kept\n")]},
+        {"text": "bad", "tool_calls": [call("shell", command=command)]},
+        {"text": "look", "tool_calls": [call("list_files")]},
+        {"text": "done"},
+    ]
+    task_id = run(store, scripted(turns, tools=["write_file", "shell", "list_files"]), tmp_path / "root")
+    task = store.tasks.get(task_id)
+    assert task.status is TaskStatus.SUCCEEDED, task.error  # was: failed processing_failed UnicodeEncodeError
+    _, refused, look = tools_steps(store, task_id)
+    assert refused.results[0].is_error and f"the {named} is not UTF-8" in refused.results[0].content
+    assert refused.workspace is None
+    assert look.results[0].content.splitlines() == ["kept.txt  5 bytes"]
+
+
 # 5. The quota counts every entry, and the manifest has a size limit.
 
 

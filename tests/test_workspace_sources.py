@@ -402,13 +402,25 @@ def test_a_git_source_on_a_host_not_allowed_or_malformed_is_422_naming_the_field
 @pytest.mark.parametrize(
     ("case", "code"),
     [("ref", "workspace_git_ref_not_found"), ("repo", "workspace_git_failed"), ("guard", "workspace_git_failed"),
-     ("quota", "workspace_git_too_large")],
+     ("quota", "workspace_git_too_large"), ("name", "workspace_git_failed")],
 )  # fmt: skip
 def test_a_clone_that_cannot_be_made_fails_the_task_with_its_code_and_records_nothing(
     store: Storage, repo: tuple[str, Path], tmp_path: Path, case: str, code: str
 ) -> None:
-    host, _ = repo
-    task_id = git_task(store, host, "no-such-branch" if case == "ref" else "main")
+    host, work = repo
+    if case == "name":  # a branch holding a file whose name is not UTF-8 (was: processing_failed, UnicodeEncodeError)
+        with open(os.path.join(os.fsencode(work), b"caf\xe9.txt"), "w") as f:
+            f.write("x")
+        git = ["git", "-c", "user.name=d", "-c", "user.email=d@e"]
+        for args in (
+            ["checkout", "-qb", "latin1"],
+            ["add", "-A"],
+            ["commit", "-qm", "x"],
+            ["push", "-q", "origin", "latin1"],
+        ):
+            subprocess.run([*git, *args], cwd=work, check=True, env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]})
+        subprocess.run(["git", "update-server-info"], cwd=tmp_path / "srv" / "calc.git", check=True)
+    task_id = git_task(store, host, {"ref": "no-such-branch", "name": "latin1"}.get(case, "main"))
     if case == "repo":
         sub = store.tasks.get(task_id).submission.model_dump(mode="json")
         sub["workspace"]["git"]["url"] = f"http://{host}/missing.git"
@@ -422,6 +434,7 @@ def test_a_clone_that_cannot_be_made_fails_the_task_with_its_code_and_records_no
     runner.run(task_id)
     task = store.tasks.get(task_id)
     assert task.status is TaskStatus.FAILED and task.error is not None and task.error["code"] == code, task.error
+    assert case != "name" or "'caf\\xe9.txt' is not UTF-8" in task.error["message"]
     assert task.step == 0 and task.workspace is None and task.workspace_start is None
     assert [k for k in objects(store) if f"/{task_id}/workspace/" in k] == []
     assert not any((tmp_path / "w").rglob("calc.py"))  # the half-made directory is gone too

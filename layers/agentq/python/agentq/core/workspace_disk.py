@@ -133,13 +133,14 @@ def scan(
             name = frame.names[frame.at]
             frame.at += 1
             rel = f"{frame.prefix}{name}"
+            _utf8(rel, "name", shown)
             st = os.stat(name, dir_fd=frame.fd, follow_symlinks=False)
             count += 1
             if quota is not None and count > quota.max_files:
                 raise over(f"{quota.max_files} entries (files, directories, links and others)")
             mode = stat.S_IMODE(st.st_mode) & 0o777
             if stat.S_ISLNK(st.st_mode):
-                entry = Entry(rel, "l", 0o777, 0, os.readlink(name, dir_fd=frame.fd))
+                entry = Entry(rel, "l", 0o777, 0, _utf8(os.readlink(name, dir_fd=frame.fd), "link target", shown, rel))
             elif stat.S_ISDIR(st.st_mode):
                 if len(stack) >= MAX_DEPTH:
                     raise WorkspaceUnscannable(f"{shown(rel)!r} is more than {MAX_DEPTH} directories deep")
@@ -178,6 +179,22 @@ def scan(
         scrub.check(manifest)
     cache.known = seen
     return manifest
+
+
+def _utf8(text: str, what: str, shown: Callable[[str], str], rel: str | None = None) -> str:
+    """``text`` (a name or a link target as the disk gave it), or ``WorkspaceUnscannable`` naming
+    it with its bytes escaped if it is not UTF-8: the manifest, the API's JSON and the archives
+    hold text only, and Python reads such bytes as lone surrogates, which no encoder takes (so
+    the turn that made it is undone, as for any entry the workspace cannot keep)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        escaped = shown(os.fsencode(text).decode("utf-8", "backslashreplace"))
+        where = "" if rel is None else f" of {shown(rel)!r}"  # ``rel`` itself was checked first
+        raise WorkspaceUnscannable(
+            f"the {what}{where} '{escaped}' is not UTF-8; a workspace keeps text names only"
+        ) from None
+    return text
 
 
 def _close(frame: _Frame) -> None:
