@@ -14,6 +14,7 @@ import base64
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -77,6 +78,15 @@ def zip_of(members: list[tuple[str, bytes, int]]) -> bytes:
     return out.getvalue()
 
 
+def latin1_tar(info: tarfile.TarInfo, data: bytes | None = None) -> bytes:
+    """A tar whose names are Latin-1, not UTF-8 (as a tool on a Latin-1 system writes them)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT, encoding="latin-1") as archive:
+        info.size = len(data or b"")
+        archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
 GOOD = tar_of([
     (member("proj", tarfile.DIRTYPE, mode=0o750), None),
     (member("proj/run.sh", mode=0o4755), b"#!/bin/sh\necho run\n"),
@@ -108,6 +118,9 @@ BAD_TARS: dict[str, tuple[bytes, str]] = {
     "file and dir": (tar_of([FILE, (member("ok.txt/inner"), b"i")]), "file and a directory"),
     "backslash": (tar_of([(member("a\\..\\b"), b"x")]), "backslash"),
     "not an archive": (b"just some bytes, not an archive", "not a tar"),
+    "name not utf8": (latin1_tar(member("caf\xe9.txt"), b"x"), "its name is not UTF-8"),
+    "link target not utf8": (latin1_tar(member("l", tarfile.SYMTYPE, link="caf\xe9")), "which is not UTF-8"),
+    "zip link target not utf8": (zip_of([("l", b"caf\xe9", 0o120777)]), "which is not UTF-8"),
     "zip dotdot": (zip_of([("../evil", b"x", 0o100644)]), "'..'"),
     "zip absolute": (zip_of([("/evil", b"x", 0o100644)]), "absolute"),
     "zip symlink out": (zip_of([("l", b"../../etc", 0o120777)]), "outside the root"),
@@ -120,6 +133,15 @@ def test_an_archive_member_outside_its_root_or_of_a_bad_kind_is_refused_naming_i
     data, said = BAD_TARS[case]
     with pytest.raises(ArchiveRefused, match="(?i)" + said.replace("(", r"\(").replace(".", r"\.")):
         unpack(data)
+
+
+def test_an_archive_member_whose_name_or_link_target_is_not_utf8_is_refused_naming_it_escaped() -> None:
+    # was: accepted, the manifest holding 'caf\udce9.txt', and every task starting from it failed
+    with pytest.raises(ArchiveRefused, match=re.escape("member 'caf\\xe9.txt': its name is not UTF-8")):
+        unpack(BAD_TARS["name not utf8"][0])
+    for case in ("link target not utf8", "zip link target not utf8"):  # the zip's was kept as 'caf\ufffd'
+        with pytest.raises(ArchiveRefused, match=re.escape("member 'l': a symbolic link to 'caf\\xe9'")):
+            unpack(BAD_TARS[case][0])
 
 
 def test_an_archive_past_the_limits_is_refused_however_small_it_is_packed() -> None:
@@ -179,7 +201,9 @@ def upload(api: Client, data: bytes) -> dict[str, Any]:
     return answer
 
 
-@pytest.mark.parametrize("case", ["dotdot", "symlink out", "hardlink out", "char device", "zip dotdot"])
+@pytest.mark.parametrize(
+    "case", ["dotdot", "symlink out", "hardlink out", "char device", "zip dotdot", "name not utf8"]
+)
 def test_the_upload_route_refuses_a_bad_archive_with_422_naming_archive_and_writes_nothing(
     store: Storage, api: Client, case: str
 ) -> None:

@@ -5,7 +5,7 @@ Nothing is extracted to a disk: each member is read into memory (at most one byt
 limit, so a member that lies about its size, or a compression bomb, is caught when it passes it),
 and its name and kind are checked before it is kept. Refused (``ArchiveRefused``, which the API
 turns into a 422 naming ``archive``): a name that is absolute or has a ``..`` component (or a
-backslash, NUL, or an empty one), a name twice, a member under a symbolic link, a file that is
+backslash, NUL, or an empty one), a name or link target that is not UTF-8, a name twice, a member under a symbolic link, a file that is
 also a directory, a symbolic link whose target is absolute or leads out of the root, a hard link
 to anything but a regular file earlier in the archive, a device, a FIFO or any other kind, a
 member deeper than ``MAX_DEPTH`` directories, more members or bytes than the limits. A link
@@ -60,6 +60,10 @@ def _name(raw: str) -> str:
     while name.startswith("./"):
         name = name[2:]
     name = name.rstrip("/")
+    if not _utf8(raw):
+        raise ArchiveRefused(
+            f"member '{_escaped(raw)[:200]}': its name is not UTF-8 (a workspace keeps text names only)"
+        )
     if "\\" in raw or "\x00" in raw:
         raise ArchiveRefused(f"member {raw[:200]!r}: a backslash or NUL in a name")
     if raw.startswith("/"):
@@ -72,6 +76,25 @@ def _name(raw: str) -> str:
     if len(parts) > MAX_DEPTH:
         raise ArchiveRefused(f"member {raw[:200]!r}: more than {MAX_DEPTH} directories deep")
     return name
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is what its bytes were, as UTF-8: tarfile reads other bytes as lone
+    surrogates, which the manifest, the files API's JSON and every later scan cannot encode, so an
+    archive holding one would be stored and then fail every task that starts from it."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _escaped(text: str) -> str:
+    """``text`` with the bytes that are not UTF-8 written ``\\xNN``: a message may name it."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no byte was read as (from the request itself)
+        return text.encode("utf-8", "backslashreplace").decode()
 
 
 def _inside(path: str, target: str) -> bool:
@@ -142,6 +165,8 @@ class _Builder:
         self._parents(name)
         if name in self.entries:
             raise ArchiveRefused(f"member {name!r} appears twice (or is also a directory)")
+        if not _utf8(target):
+            raise ArchiveRefused(f"member {name!r}: a symbolic link to '{_escaped(target)[:200]}', which is not UTF-8")
         if not _inside(name, target):
             raise ArchiveRefused(f"member {name!r}: a symbolic link to {target[:200]!r} leads outside the root")
         self.explicit.add(name)
@@ -232,7 +257,7 @@ def _zip(data: bytes, builder: _Builder) -> None:
                 elif kind == S_IFLNK:
                     with archive.open(info) as stream:
                         target = _read(stream, name, builder)  # type: ignore[arg-type]
-                    builder.link(name, target.decode("utf-8", errors="replace"))
+                    builder.link(name, target.decode("utf-8", errors="surrogateescape"))
                 elif kind in (0, S_IFREG):
                     with archive.open(info) as stream:
                         builder.file(name, mode, _read(stream, name, builder))  # type: ignore[arg-type]
