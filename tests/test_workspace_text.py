@@ -58,3 +58,16 @@ def test_write_file_takes_content_up_to_its_limit_in_any_script(tmp_path: Path, 
     out = call(ws, "write_file", path="big.txt", content=content)
     assert not out.is_error, out.content[:500]
     assert (ws.directory / "big.txt").read_bytes() == content.encode()
+
+
+def test_a_listing_and_a_search_name_a_file_whose_name_is_not_utf8_with_its_bytes_escaped(tmp_path: Path) -> None:
+    # Such a name lives only until the turn's checkpoint refuses it (core.workspace_disk); until
+    # then the other calls of the turn answer with it escaped, not with a UnicodeEncodeError.
+    ws = workspace(tmp_path, WorkspaceLimits())
+    with open(os.path.join(os.fsencode(ws.directory), b"bad\xffname"), "w") as f:
+        f.write("hit\n")
+    os.symlink(b"to\xfe", os.path.join(os.fsencode(ws.directory), b"link"))
+    listed = call(ws, "list_files")
+    assert not listed.is_error and listed.content.splitlines() == ["bad\\xffname  4 bytes", "link -> to\\xfe"]
+    found = call(ws, "search_files", pattern="hit")
+    assert not found.is_error and found.content == "bad\\xffname:1: hit", found.content

@@ -253,7 +253,17 @@ def main(request: str) -> None:
         answer = {"error": str(exc)}
     except OSError as exc:
         answer = {"error": f"{exc.strerror or exc}: {_show(exc.filename) if exc.filename else ''}".rstrip(": ")}
+    answer = {key: _escaped(str(value)) for key, value in answer.items()}
     print("\n" + fit(answer, int(req.get("max_answer_bytes") or 0)))
+
+
+def _escaped(text: str) -> str:
+    """``text`` with a name's bytes that are not UTF-8 (read as lone surrogates) written ``\\xNN``:
+    the answer must encode, and a checkpoint then refuses the name (``core.workspace_disk``)."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no byte was read as (from the request itself)
+        return text.encode("utf-8", "backslashreplace").decode()
 
 
 def fit(answer: dict[str, Any], limit: int) -> str:
