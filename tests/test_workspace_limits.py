@@ -13,7 +13,10 @@ reaper's handler and the stream record of a TTL deletion (tests/test_retention.p
 
 from __future__ import annotations
 
+import base64
+import io
 import os
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ import pytest
 
 from agentq.control.defaults import ConfigurationError, Defaults
 from agentq.control.submit import prepare_submission
+from agentq.control.workspaces import upload_archive
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission, ToolsStep
@@ -130,6 +134,52 @@ def test_the_task_runs_under_the_smaller_of_its_own_limits_and_the_deployments()
         assert quota.max_bytes == min(1000, asked_bytes or 1000)
         assert quota.max_files == min(20, asked_files or 20)
         assert quota.max_manifest_bytes == deployment.max_manifest_bytes
+
+
+def three_files(store: Storage) -> str:
+    """An upload of three 1,000-byte files (three entries, 3,000 bytes); its digest."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        for i in range(3):
+            info = tarfile.TarInfo(f"f{i}.txt")
+            info.size = 1000
+            archive.addfile(info, io.BytesIO(bytes([65 + i]) * 1000))
+    return upload_archive(store, out.getvalue(), tenant="t").upload
+
+
+INLINE = [{"path": f"f{i}.txt", "content_b64": base64.b64encode(b"x" * 1000).decode()} for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    ("start", "asked", "deployment", "field", "said"),
+    [
+        ("upload", {"max_bytes": 1500}, None, "workspace.max_bytes",
+         "1500 is less than the 3000 bytes of files workspace.upload starts with"),
+        ("upload", {"max_files": 2}, None, "workspace.max_files",
+         "2 is less than the 3 entries (files, directories and links) workspace.upload starts with"),
+        ("files", {"max_bytes": 2999}, None, "workspace.max_bytes", "the 3000 bytes of files workspace.files"),
+        ("upload", {}, Defaults(workspace_max_bytes=2000), "workspace.upload",
+         "3000 bytes of files, more than this deployment allows a task (2000, AGENTQ_WORKSPACE_MAX_BYTES)"),
+        ("files", {}, Defaults(workspace_max_files=2), "workspace.files",
+         "3 entries (files, directories and links), more than this deployment allows a task (2, "
+         "AGENTQ_WORKSPACE_MAX_FILES)"),
+    ],
+    ids=["upload_own_bytes", "upload_own_files", "inline_own_bytes", "upload_deployment", "inline_deployment"],
+)  # fmt: skip
+def test_a_start_over_the_tasks_own_limits_is_refused_naming_the_field(
+    store: Storage, start: str, asked: dict[str, int], deployment: Defaults | None, field: str, said: str
+) -> None:
+    # was: accepted, and then every turn of the task, a read-only one too, was "refused ... undone"
+    source = {"upload": three_files(store)} if start == "upload" else {"files": INLINE}
+    sub = submission([{"text": "hi"}], ["list_files"], **source, **asked)
+    with pytest.raises(ValidationError) as refused:
+        prepare_submission(store, default_registry(), sub, tenant="t", defaults=deployment)
+    assert refused.value.field == field and said in refused.value.message, refused.value.message
+    fits = {"upload": three_files(store)} if start == "upload" else {"files": INLINE}
+    at_the_limit = {name: 3000 if name == "max_bytes" else 3 for name in asked}
+    prepare_submission(
+        store, default_registry(), submission([{"text": "hi"}], ["list_files"], **fits, **at_the_limit), tenant="t"
+    )
 
 
 @BWRAP

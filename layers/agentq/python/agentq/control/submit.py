@@ -93,7 +93,8 @@ def prepare_submission(
     if defaults is not None:
         submission = defaults.apply(submission)
     check_submission(submission, tools)
-    check_workspace(store, submission.workspace, tenant=tenant)
+    quota = defaults.workspace_quota() if defaults is not None else None
+    check_workspace(store, submission.workspace, tenant=tenant, quota=quota)
     if submission.memory:
         check_attachments(store, submission.memory, tenant=tenant)
     if submission.depends_on:

@@ -14,16 +14,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentq.control.defaults import ENVIRONMENT
 from agentq.core.errors import ValidationError
 from agentq.core.tools.egress import allows
 from agentq.core.tools.fetch import HostRule
-from agentq.core.workspace import WorkspaceSpec
+from agentq.core.workspace import Manifest, WorkspaceQuota, WorkspaceSpec
 from agentq.core.workspace_archive import ArchiveLimits, ArchiveRefused, unpack
+from agentq.core.workspace_disk import row_bytes
 from agentq.storage.container import Storage
 
 
-def check_workspace(store: Storage, spec: WorkspaceSpec | None, *, tenant: str, field: str = "workspace") -> None:
-    """What the model cannot check alone: the git host is allowed, the upload is there."""
+def check_workspace(
+    store: Storage,
+    spec: WorkspaceSpec | None,
+    *,
+    tenant: str,
+    field: str = "workspace",
+    quota: WorkspaceQuota | None = None,
+) -> None:
+    """What the model cannot check alone: the git host is allowed, the upload is there, and the
+    starting files (an upload's, the inline ones) fit the limits the task runs under (``quota``,
+    the deployment's, lowered by the task's own ``max_bytes``/``max_files``)."""
     if spec is None:
         return
     if spec.base is not None:
@@ -40,10 +51,51 @@ def check_workspace(store: Storage, spec: WorkspaceSpec | None, *, tenant: str, 
                 f"{field}.allow_hosts (allowed: {', '.join(spec.allow_hosts) or 'none'})",
                 field=f"{field}.git.url",
             )
-    if spec.upload is not None and not store.workspaces.has_upload(tenant, spec.upload):
+    start = None
+    if spec.upload is not None:
+        manifest = store.workspaces.upload_manifest(tenant, spec.upload)
+        if manifest is None:
+            raise ValidationError(
+                f"{field}.upload: no uploaded archive {spec.upload} for this tenant; upload it with "
+                "POST /workspace-uploads",
+                field=f"{field}.upload",
+            )
+        start = ("upload", Manifest.from_bytes(manifest))
+    elif spec.files:
+        start = ("files", spec.seed()[0])
+    if start is not None:
+        check_start(spec, start[1], quota or WorkspaceQuota(), source=f"{field}.{start[0]}", field=field)
+
+
+def check_start(spec: WorkspaceSpec, start: Manifest, deployment: WorkspaceQuota, *, source: str, field: str) -> None:
+    """Refuse starting files past the task's limits, counted as a checkpoint's scan counts them:
+    accepted, every turn of the task would be refused (its workspace over the quota before the
+    model changed a thing), with nothing to say why. Names the task's own limit when it is the
+    one passed, else the starting files and the deployment's variable."""
+    quota = deployment.for_task(spec)
+    size = sum(row_bytes(e) for e in start.entries)
+    for name, held, most, what in (
+        ("max_bytes", start.total_bytes, quota.max_bytes, "bytes of files"),
+        ("max_files", len(start.entries), quota.max_files, "entries (files, directories and links)"),
+    ):
+        if held <= most:
+            continue
+        if getattr(spec, name) is not None and getattr(spec, name) == most:
+            raise ValidationError(
+                f"{field}.{name}: {most} is less than the {held} {what} {source} starts with; ask for at least "
+                "that, or leave it out",
+                field=f"{field}.{name}",
+            )
         raise ValidationError(
-            f"{field}.upload: no uploaded archive {spec.upload} for this tenant; upload it with POST /workspace-uploads",
-            field=f"{field}.upload",
+            f"{source}: {held} {what}, more than this deployment allows a task ({most}, "
+            f"{ENVIRONMENT['workspace_' + name]})",
+            field=source,
+        )
+    if size > quota.max_manifest_bytes:
+        raise ValidationError(
+            f"{source}: its paths and link targets make a manifest of {size} bytes, more than the "
+            f"{quota.max_manifest_bytes} a task's workspace may have",
+            field=source,
         )
 
 

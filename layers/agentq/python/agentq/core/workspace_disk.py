@@ -165,7 +165,7 @@ def scan(
                 entry = Entry(rel, "f", mode, sig[0], digest)
             else:
                 continue  # FIFOs, sockets, devices: counted, not part of the durable state
-            size += len(entry.path.encode()) + len(entry.digest.encode()) + ROW_OVERHEAD
+            size += row_bytes(entry)
             if quota is not None and size > quota.max_manifest_bytes:
                 raise over(f"{quota.max_manifest_bytes} bytes of manifest (its paths and link targets)")
             entries.append(entry)
@@ -179,6 +179,11 @@ def scan(
         scrub.check(manifest)
     cache.known = seen
     return manifest
+
+
+def row_bytes(entry: Entry) -> int:
+    """What ``entry`` counts toward ``WorkspaceQuota.max_manifest_bytes``."""
+    return len(entry.path.encode()) + len(entry.digest.encode()) + ROW_OVERHEAD
 
 
 def _utf8(text: str, what: str, shown: Callable[[str], str], rel: str | None = None) -> str:

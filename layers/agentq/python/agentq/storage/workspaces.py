@@ -110,12 +110,12 @@ class WorkspaceObjects:
         self.payloads.put_bytes(f"{prefix}manifests/{digest}", manifest, create_only=True)
         return sum(len(data) for (_, data), new in zip(items, written, strict=True) if new)
 
-    def has_upload(self, tenant: str, digest: str) -> bool:
+    def upload_manifest(self, tenant: str, digest: str) -> bytes | None:
+        """The manifest of the tenant's upload ``digest``; None when it has no such upload."""
         try:
-            self.payloads.get_bytes(f"{upload_prefix(tenant)}manifests/{digest}")
+            return self.payloads.get_bytes(f"{upload_prefix(tenant)}manifests/{digest}")
         except MissingObject:
-            return False
-        return True
+            return None
 
     def copy_states(
         self, source_id: str, target_id: str, manifests: set[str], blobs: set[str], lookup: Sequence[str] = ()
