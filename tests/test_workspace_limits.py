@@ -183,6 +183,35 @@ def test_a_start_over_the_tasks_own_limits_is_refused_naming_the_field(
 
 
 @BWRAP
+def test_a_turn_that_leaves_a_start_past_the_quota_as_it_was_is_not_refused_and_one_that_changes_it_is(
+    store: Storage, tmp_path: Path
+) -> None:
+    # A deployment whose limit was lowered after the task was accepted (here: the worker's quota
+    # is below the upload, which submission checked against the larger default).
+    turns = [
+        {"tool_calls": [call("list_files")]},
+        {"tool_calls": [call("write_file", path="more.txt", content="x")]},
+        {"tool_calls": [call("list_files")]},
+        {"text": "done"},
+    ]
+    sub = prepare_submission(
+        store,
+        default_registry(),
+        submission(turns, ["write_file", "list_files"], upload=three_files(store)),
+        tenant="t",
+    )
+    task = store.tasks.create(sub, tenant="t")
+    engine = Engine(store, worker_id="w1", tools=default_registry(),
+                    config=EngineConfig(lease_seconds=10, workspace_root=str(tmp_path / "root"),
+                                        workspace_quota=WorkspaceQuota(max_bytes=1500)))  # fmt: skip
+    assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
+    looked, wrote, again = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, ToolsStep)]
+    assert not looked.results[0].is_error, looked.results[0].content  # was: "refused: ... 1500 bytes ... undone"
+    assert wrote.results[0].is_error and "more than its limit of 1500 bytes" in wrote.results[0].content
+    assert again.results[0].content.splitlines() == ["f0.txt  1000 bytes", "f1.txt  1000 bytes", "f2.txt  1000 bytes"]
+
+
+@BWRAP
 @pytest.mark.parametrize(
     ("limit", "command", "needle"),
     [

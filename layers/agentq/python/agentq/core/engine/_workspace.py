@@ -58,7 +58,7 @@ from agentq.core.workspace import (
     stored_start,
 )
 from agentq.core.workspace_diff import changes
-from agentq.core.workspace_disk import PARALLEL, ScanCache, open_verified, opened, restore, scan, wipe
+from agentq.core.workspace_disk import PARALLEL, ScanCache, open_verified, opened, restore, row_bytes, scan, wipe
 from agentq.core.workspace_scrub import Scrub
 from agentq.core.workspace_stream import each
 from agentq.sandbox.base import ExecResult
@@ -84,6 +84,27 @@ def sweep_dead(root: Path) -> list[Path]:
         except OSError:
             log.warning("could not remove a dead worker's workspace directory %s", root / name, exc_info=True)
     return swept
+
+
+def _unchanged(ws: TaskWorkspace, quota: WorkspaceQuota, scrub: Scrub | None, refused: WorkspaceTooLarge) -> Manifest:
+    """The workspace's manifest if it is still the last step's, which was itself past ``quota``:
+    scanned again under limits raised to what that state holds (so no more is read than is
+    already there); ``refused`` otherwise (the turn passed the quota, or changed a state past it)."""
+    committed = ws.committed
+    held = WorkspaceQuota(
+        max_bytes=max(quota.max_bytes, committed.total_bytes),
+        max_files=max(quota.max_files, len(committed.entries)),
+        max_manifest_bytes=max(quota.max_manifest_bytes, sum(row_bytes(e) for e in committed.entries)),
+    )
+    if held == quota:  # the last step's state fits: the turn passed the quota
+        raise refused
+    try:
+        manifest = scan(ws.directory, ws.cache, held, scrub)
+    except WorkspaceTooLarge:
+        raise refused from None
+    if manifest.digest != committed.digest:
+        raise refused
+    return manifest
 
 
 def _scrub(s: Session) -> Scrub | None:
@@ -218,11 +239,18 @@ class Workspaces:
         """Store what the turn changed, before its step commits: the new content, then the
         manifest; the ref for the step (None: the workspace is as the last step left it).
         Over the task's quota, unreadable, or holding a credential's value where it cannot be
-        redacted, raises ``WorkspaceRefused`` (the caller reverts the turn)."""
+        redacted, raises ``WorkspaceRefused`` (the caller reverts the turn). A workspace the
+        turn left as it was is never refused for its size: a start past the quota (a deployment
+        whose limit was lowered after the task was accepted) would else refuse every turn, a
+        read-only one too."""
         ws: TaskWorkspace | None = s.workspace
         if ws is None:
             return None
-        manifest = scan(ws.directory, ws.cache, self.quota.for_task(s.task.submission.workspace), _scrub(s))
+        quota = self.quota.for_task(s.task.submission.workspace)
+        try:
+            manifest = scan(ws.directory, ws.cache, quota, _scrub(s))
+        except WorkspaceTooLarge as refused:
+            manifest = _unchanged(ws, quota, _scrub(s), refused)
         if manifest.digest == ws.committed.digest and ws.stored >= manifest.blobs():
             return None
         ref = self._store(ws, s, manifest)
