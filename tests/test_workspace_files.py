@@ -8,9 +8,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -229,6 +230,35 @@ def test_a_download_writes_nothing_outside_its_directory(tmp_path: Path, entries
         download(HostileServer(entries), "t", str(target))
     assert not list(tmp_path.rglob("escaped.txt"))
     assert not Path("/tmp/escaped.txt").exists()
+
+
+@pytest.mark.parametrize("second", ["dir", "file", "link"])
+def test_a_download_changes_no_mode_outside_its_directory_when_a_path_is_named_twice(
+    tmp_path: Path, second: Literal["dir", "file", "link"]
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o700)
+    (outside / "secret").write_text("s")
+    os.chmod(outside / "secret", 0o600)
+    entries = [FileEntry(path="x", kind="link", mode=0o777, size=0, target=str(outside)),
+               FileEntry(path="x", kind=second, mode=0o777, size=5, target=None)]  # fmt: skip
+    with pytest.raises(UsageError, match="'x' twice"):
+        download(HostileServer(entries), "t", str(tmp_path / "dl"))
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o700  # was: 0o777 (mkdir exist_ok and chmod followed x)
+    assert (outside / "secret").read_text() == "s" and stat.S_IMODE((outside / "secret").stat().st_mode) == 0o600
+
+
+def test_a_downloads_modes_are_set_on_its_own_entries_never_through_a_link(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o700)
+    entries = [FileEntry(path="d", kind="dir", mode=0o555, size=0),
+               FileEntry(path="d/f", kind="file", mode=0o640, size=5),
+               FileEntry(path="l", kind="link", mode=0o777, size=0, target=str(outside))]  # fmt: skip
+    assert download(HostileServer(entries), "t", str(tmp_path / "dl")) == 1
+    dl = tmp_path / "dl"
+    assert stat.S_IMODE((dl / "d").stat().st_mode) == 0o555 and stat.S_IMODE((dl / "d" / "f").stat().st_mode) == 0o640
+    assert os.readlink(dl / "l") == str(outside) and stat.S_IMODE(outside.stat().st_mode) == 0o700
+    os.chmod(dl / "d", 0o755)  # so pytest can remove it
 
 
 def test_submit_workspace_of_nothing_there_exits_2_naming_workspace(

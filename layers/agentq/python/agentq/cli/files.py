@@ -4,9 +4,11 @@
 fit the submission, else, like an archive FILE, uploaded first: ``POST /workspace-uploads``).
 
 A download writes only under its directory: every path the server names is checked again here
-(relative, no ``..``), the target is opened without following a link at its last component, and
-a parent that is a symbolic link is refused, so a hostile or broken server cannot make the CLI
-write elsewhere."""
+(relative, no ``..``, not named twice), the target is created new (``O_EXCL``, a directory by
+``mkdir``) and never reached through a link at its last component (a mode is set through the
+descriptor opened with ``O_NOFOLLOW``), and a parent that is a symbolic link is refused, so a
+hostile or broken server cannot make the CLI write, or change a mode, elsewhere (a path named a
+link, then a directory, would else have had its mode set on what the link names)."""
 
 from __future__ import annotations
 
@@ -146,25 +148,39 @@ def download(client: Any, task_id: str, directory: str, step: int | None = None)
     if step is None:  # pin it: the task may commit another step while the files are read
         step = client.files(task_id, limit=1).step
     entries = list(client.iter_files(task_id, step=step))
+    seen: set[str] = set()
+    for e in entries:
+        if e.path in seen:
+            raise UsageError(f"the server named {e.path!r} twice: refusing the download", field="path")
+        seen.add(e.path)
     written = 0
     for e in entries:
         target = _safe_target(root, e.path)
         if e.kind == "dir":
-            target.mkdir(exist_ok=True)
+            target.mkdir(mode=0o700)
             continue
         if e.kind == "link":
             os.symlink(e.target or "", target)
             continue
         data = client.file(task_id, e.path, step=step)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as out:
             out.write(data)
-        os.chmod(target, e.mode, follow_symlinks=False)
+            os.fchmod(out.fileno(), e.mode)
         written += 1
     for e in reversed(entries):  # directories' modes last: a read-only one took its files first
         if e.kind == "dir":
-            os.chmod(_safe_target(root, e.path), e.mode)
+            _chmod_dir(_safe_target(root, e.path), e.mode)
     return written
+
+
+def _chmod_dir(path: Path, mode: int) -> None:
+    """Set the mode of the directory ``path`` itself: never of what a link there names."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
