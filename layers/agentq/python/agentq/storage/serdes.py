@@ -8,6 +8,7 @@ the writer's lease epoch (a zombie's late upload can never overwrite a committed
 from __future__ import annotations
 
 import base64
+import time
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -98,6 +99,25 @@ class MissingObject(LookupError):
 DELETE_OBJECTS_MAX = 1000
 
 
+# Waits (seconds) before a create-only put tries again after S3's 409 ConditionalRequestConflict:
+# another conditional write of the same key was under way (a zombie and the run that took its
+# task over uploading the same content-addressed blob). S3 says to retry the upload (PutObject's
+# IfNoneMatch, botocore's S3 model); moto never answers it. The retry gets 412 once the other write
+# landed (the content is there: False), or writes it if that one failed.
+CONFLICT_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8)
+
+
+def _rewound(body: Any) -> bool:
+    """Whether ``body`` can be sent again: bytes, or a stream put back to its start."""
+    if isinstance(body, bytes):
+        return True
+    seek = getattr(body, "seek", None)
+    if seek is None:
+        return False
+    seek(0)
+    return True
+
+
 class PayloadStore:
     """Keeps large payloads out of DynamoDB items."""
 
@@ -135,13 +155,19 @@ class PayloadStore:
         extra: dict[str, Any] = {"IfNoneMatch": "*"} if create_only else {}
         if sha256 is not None:
             extra["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
-        try:
-            self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, **extra)
-        except self.s3.exceptions.ClientError as exc:
-            if create_only and exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
-                return False
-            raise
-        return True
+        for wait in (*CONFLICT_WAITS, None):
+            try:
+                self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, **extra)
+            except self.s3.exceptions.ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code")
+                if create_only and code in ("PreconditionFailed", "412"):
+                    return False
+                if create_only and code == "ConditionalRequestConflict" and wait is not None and _rewound(body):
+                    time.sleep(wait)  # another create of the key is under way: its 412 or our write, next
+                    continue
+                raise
+            return True
+        raise AssertionError("not reached")  # the last pass returns or raises
 
     def get_bytes(self, key: str) -> bytes:
         return self.open_bytes(key).read()
