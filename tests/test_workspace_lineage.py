@@ -6,13 +6,16 @@ core/engine/_workspace.py child_changes, storage/workspaces.py lookup).
 - A sub-agent spawned with ``workspace: "parent"`` starts from the parent's workspace as of the
   spawn, its content shared (looked up under the parent, never copied under the child); its
   changes reach the parent only as ``workspace_changes`` in the spawn result: the parent's files
-  stay as the parent left them until the parent's own step applies what it wants.
+  stay as the parent left them until the parent's own step applies what it wants. A child
+  spawned before the parent's first change (none, or inline, starting files) reports its changes
+  from the parent's start.
 
 The sub-agent tests run on the local stack: the real fan-out machine (moto's Step Functions) and
 worker processes."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -153,6 +156,36 @@ def test_a_sub_agent_starts_from_the_parents_workspace_shared_and_its_changes_co
     assert parent_files["plan.txt"] == b"plan\n" and len(parent_files["big.bin"]) == 100_000
     assert "read.txt" not in parent_files
     assert parent_files["after-spawn.txt"].split() == [b"after-spawn.txt", b"big.bin", b"plan.txt"]
+
+
+@pytest.mark.parametrize("seed", [False, True], ids=["no_starting_files", "inline_starting_files"])
+def test_a_child_spawned_before_the_parents_first_change_reports_its_changes(stack: LocalStack, seed: bool) -> None:
+    """The parent has no stored workspace yet (no starting files, or only inline ones): the child
+    starts from the parent's start, and what it changed is measured from there, not dropped."""
+    assert stack.settings is not None
+    store = stack.store()
+    child_turns = [
+        {"text": "c", "tool_calls": [call("shell", command="if [ -f plan.txt ]; then cp plan.txt seen.txt; fi; echo fixed > fix.txt")]},
+        {"text": "child done"},
+    ]  # fmt: skip
+    turns = [
+        {"text": "1", "tool_calls": [call("spawn_subagents", subagents=[
+            {"goal": "write fix.txt", "workspace": "parent", "script": {"turns": child_turns}}])]},
+        {"text": "done"},
+    ]  # fmt: skip
+    body = scripted(turns, tools=["spawn_subagents", "shell"]).model_dump(mode="json")
+    if seed:
+        body["workspace"] = {"files": [{"path": "plan.txt", "content_b64": base64.b64encode(b"plan\n").decode()}]}
+    root = submit(store, build_registry(stack.settings), body, tenant="t", queues=stack.queues())
+    assert _wait(store, root.task_id).status is TaskStatus.SUCCEEDED
+    (entry,) = _spawn_result(store, root.task_id)["subagents"]
+    assert entry["status"] == "succeeded"
+    assert "workspace_changes" in entry, entry  # was: missing, the child's fix.txt silently lost
+    changes = entry["workspace_changes"]
+    added = ["fix.txt", "seen.txt"] if seed else ["fix.txt"]  # the child saw the parent's inline file
+    assert (changes["added"], changes["removed"], changes["changed"]) == (added, [], [])
+    assert "+fixed" in changes["patch"]
+    assert ("+plan" in changes["patch"]) is seed
 
 
 def test_a_sub_agent_asking_for_a_workspace_its_parent_lacks_is_refused_with_the_reason(stack: LocalStack) -> None:

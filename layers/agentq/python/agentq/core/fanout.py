@@ -223,7 +223,8 @@ def parent_workspace(parent: Task) -> WorkspaceSpec:
     """A child's workspace that starts as the parent's stands at the spawn (a spawn turn runs no
     workspace call, so that is the last committed step's): the same stored manifest, its
     content looked up under the parent (and wherever the parent looks), never copied; or the
-    parent's own start while no step changed it. The parent's hosts, no more."""
+    parent's own start while no step changed it (no base then: ``Workspaces.child_changes``
+    measures the child's changes from that start). The parent's hosts, no more."""
     own = parent.submission.workspace
     hosts = list(own.allow_hosts) if own is not None else []
     if parent.workspace is not None:

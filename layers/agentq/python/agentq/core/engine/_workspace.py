@@ -283,21 +283,37 @@ class Workspaces:
         """What a child that started from its parent's workspace changed in it, for the spawn's
         result: the paths added, removed and changed, and a unified diff of the text files, cut
         at ``CHILD_PATCH_CHARS``. None for a child that did not start from it; a note when its
-        content cannot be read (the result must not fail the parent's turn)."""
+        content cannot be read (the result must not fail the parent's turn).
+
+        Only a ``workspace: "parent"`` child has a spec (``core.fanout.parent_workspace``), and
+        it names a stored base only when the parent had one at the spawn. A parent that had not
+        changed a file yet passes its own start: none (an empty spec), inline ``files``, or (not
+        recorded yet) its repository. What the child changed is then measured from that start,
+        the seed's manifest or the clone the child recorded (``workspace_start``), never dropped."""
         spec = child.submission.workspace
-        if spec is None or spec.base is None:
+        if spec is None:
             return None
         lookup = lookup_of(spec, child.tenant)
+
+        def read(digest: str) -> bytes:
+            return self.store.get_blob(child.task_id, digest, lookup)
+
         try:
-            read = lambda digest: self.store.get_blob(child.task_id, digest, lookup)  # noqa: E731
-            base = Manifest.from_bytes(self.store.get_manifest(child.task_id, spec.base.manifest, lookup))
+            read_base = read
+            start = child.workspace_start  # a clone's start (its step 0), stored like any step's
+            stored = spec.base.manifest if spec.base is not None else start.manifest if start is not None else None
+            if stored is not None:
+                base = Manifest.from_bytes(self.store.get_manifest(child.task_id, stored, lookup))
+            else:  # inline files or none: in the submission, not in the bucket
+                base, seed = spec.seed()
+                read_base = lambda digest: seed[digest] if digest in seed else read(digest)  # noqa: E731
             end = child.workspace
             final = (
                 base
                 if end is None
                 else Manifest.from_bytes(self.store.get_manifest(child.task_id, end.manifest, lookup))
             )
-            found = changes(base, read, final, read, CHILD_PATCH_CHARS)
+            found = changes(base, read_base, final, read, CHILD_PATCH_CHARS)
         except (LookupError, ValueError) as exc:
             return {"error": f"its workspace could not be read: {type(exc).__name__}: {exc}"}
         return {
