@@ -7,12 +7,16 @@ workers."""
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agentq.control.agents import create_agent
 from agentq.control.aliases import move_task
 from agentq.control.conversations import send_message
 from agentq.control.defaults import Defaults
@@ -22,7 +26,12 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.memory import MemoryStoreSpec
 from agentq.core.models import GradeStep, TaskStatus, TaskSubmission
 from agentq.core.tools import ToolRegistry
+from agentq.core.tools.egress import egress_factory
+from agentq.core.tools.fetch import FetchPolicy, HostRule
 from agentq.storage.container import Storage
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "coding_agent"))
+import coding_agent  # type: ignore[import-not-found]
 
 STORAGE = "memory"
 TENANT = "t"
@@ -156,3 +165,79 @@ def test_a_task_resolved_before_the_record_was_kept_is_told_apart_by_the_version
     assert (moved.constraints.max_steps, moved.constraints.timeout_seconds) == (9, 600)
     assert moved.constraints.max_tokens == 90_000  # its budget, as META holds it
     assert moved.own_fields == ["constraints.timeout_seconds", "memory.mine"]
+
+
+# ---------------------------------------------------------------- a move and the task's workspace
+
+BWRAP = pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="the workspace tools need bubblewrap")
+
+
+@pytest.fixture
+def git_host(tmp_path: Path) -> Iterator[str]:
+    """examples/coding_agent's repository, served on loopback: ``host:port``."""
+    coding_agent.make_repository(tmp_path / "srv")
+    with coding_agent.serve(tmp_path / "srv") as host:
+        yield host
+
+
+def _in_workspace(store: Storage, registry: ToolRegistry, root: Path, host: str) -> Engine:
+    """An engine whose workspaces may clone from ``host`` (the deployment lets that loopback through)."""
+    policy = FetchPolicy(allow=(HostRule.parse(host),))
+    return Engine(store, worker_id="w", tools=registry, egress=egress_factory(policy),
+                  config=EngineConfig(lease_seconds=10, workspace_root=str(root)))  # fmt: skip
+
+
+def _coder(store: Storage, registry: ToolRegistry, host: str, root: Path) -> str:
+    """An answered task of coder@1 (a shell, no starting files); coder@2 starts from a repository."""
+    one = {"name": "coder", "provider": "scripted", "tools": ["shell"], "script": {"turns": [{"text": "one"}]}}
+    create_agent(store, registry, one, tenant=TENANT)
+    task_id = uuid.uuid4().hex
+    submit_once(store, registry, {"goal": "g", "agent": "coder@1"}, tenant=TENANT, task_id=task_id)
+    assert _in_workspace(store, registry, root, host).run(task_id).status is TaskStatus.SUCCEEDED
+    two = {**one, "script": {"turns": [{"text": "a"}, {"text": "b"}]},
+           "workspace": {"allow_hosts": [host], "git": {"url": f"http://{host}/calc.git"}}}  # fmt: skip
+    create_agent(store, registry, two, tenant=TENANT)
+    return task_id
+
+
+@BWRAP
+def test_a_task_moved_to_a_version_with_a_git_start_after_its_first_step_never_livelocks(
+    store: Storage, registry: ToolRegistry, git_host: str, tmp_path: Path
+) -> None:
+    """A task that answered with no workspace recorded, moved to a version whose workspace
+    starts from a repository: the move kept only a workspace the task had, so the task took the
+    version's, and every claim of its follow-up cloned, was refused the record of a start at
+    step 1, and ended ``lease_lost`` holding the lease, for ever. A move keeps the task's
+    workspace as it was, none included (its history ran without those files)."""
+    task_id = _coder(store, registry, git_host, tmp_path / "w1")
+    assert move_task(store, registry, task_id, 2, tenant=TENANT) == ("coder@1", "coder@2")
+    moved = store.tasks.get(task_id)
+    assert moved.submission.workspace is None and moved.submission.constraints.tools == ["shell"]
+    send_message(store, _Queues(), task_id, "go on", tenant=TENANT)  # type: ignore[arg-type]
+    result = _in_workspace(store, registry, tmp_path / "w2", git_host).run(task_id)
+    assert result.outcome != "lease_lost", result.error  # was: lease_lost "... no longer current", every claim
+    assert result.status is TaskStatus.SUCCEEDED
+    done = store.tasks.get(task_id)
+    assert done.result == "b" and done.workspace_start is None and done.workspace is None  # nothing cloned
+
+
+@BWRAP
+def test_a_task_with_steps_and_a_git_start_never_recorded_fails_with_a_precise_code_instead_of_cloning(
+    store: Storage, registry: ToolRegistry, git_host: str, tmp_path: Path
+) -> None:
+    """A task that reached that state before the move kept its workspace (its submission names a
+    repository, it has committed steps, no start is recorded): its repository can only be its
+    step 0 files, so the claim fails it ``workspace_start_refused`` rather than clone at a later
+    step, and the task ends instead of being held and claimed again."""
+    task_id = _coder(store, registry, git_host, tmp_path / "w1")
+    task = store.tasks.get(task_id)
+    given = TaskSubmission.model_validate({**task.submission.model_dump(mode="json", exclude_none=True),
+        "workspace": {"allow_hosts": [git_host], "git": {"url": f"http://{git_host}/calc.git"}}})  # fmt: skip
+    store.tasks.replace_submission(task_id, given, when_status=task.status)
+    send_message(store, _Queues(), task_id, "go on", tenant=TENANT)  # type: ignore[arg-type]
+    result = _in_workspace(store, registry, tmp_path / "w2", git_host).run(task_id)
+    assert result.status is TaskStatus.FAILED, (result.outcome, result.error)  # was: lease_lost, every claim
+    ended = store.tasks.get(task_id)
+    assert ended.error is not None and ended.error["code"] == "workspace_start_refused"
+    assert "workspace.git" in ended.error["message"] and ended.workspace_start is None
+    assert [c.epoch for c in store.tasks.claims(task_id)] == [1, 2]  # one claim each run, none held

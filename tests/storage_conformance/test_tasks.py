@@ -9,6 +9,7 @@ import pytest
 
 from agentq.core.errors import IdempotencyConflict, IllegalTransition, LeaseLost, TaskNotFound
 from agentq.core.models import RetryState, TaskStatus
+from agentq.core.workspace import WorkspaceRef, WorkspaceStartRefused
 from agentq.observe.redaction import REDACTOR
 from agentq.storage.container import Storage
 from agentq.storage.item_size import item_size
@@ -388,3 +389,32 @@ def test_the_settling_of_a_batchs_windows_hold_is_taken_once_and_never_by_a_work
     backend.tasks.transition(ended.task_id, TaskStatus.CANCELLED)
     assert backend.tasks.take_batch_hold_at_end(ended.task_id, "b2") is True
     assert backend.tasks.take_batch_hold_at_end(ended.task_id, "b2") is False
+
+
+def test_a_workspace_start_refused_by_the_tasks_own_state_is_a_fault_and_by_the_fence_a_lost_lease(
+    backend: Storage,
+) -> None:
+    """The start's record is step 0's files, written once: refused because a step committed or a
+    start is already there, it is ``WorkspaceStartRefused`` (the same at every claim, so the
+    engine fails the task); refused by the fence (a takeover), ``LeaseLost`` as every write is.
+    Both used to be ``LeaseLost``: a task with a step and no start was cloned and held again by
+    every claim, for ever."""
+    ref = WorkspaceRef(manifest="a" * 64)
+    stepped = claimed(backend)
+    backend.steps.commit(stepped, 1, llm_step(), root_id=stepped.task_id)
+    with pytest.raises(WorkspaceStartRefused, match="at step 1") as refused:
+        backend.tasks.start_workspace(stepped, ref)
+    assert refused.value.code == "workspace_start_refused"
+    started = claimed(backend)
+    backend.tasks.start_workspace(started, ref)
+    with pytest.raises(WorkspaceStartRefused, match="already recorded"):
+        backend.tasks.start_workspace(started, WorkspaceRef(manifest="b" * 64))
+    assert backend.tasks.get(started.task_id).workspace_start == ref
+    task_id = new_task(backend)
+    old = backend.tasks.claim(task_id, "w1", 0.05)
+    assert old is not None
+    time.sleep(0.1)
+    assert backend.tasks.claim(task_id, "w2", 30) is not None
+    with pytest.raises(LeaseLost, match="superseded"):
+        backend.tasks.start_workspace(old[0], ref)
+    assert backend.tasks.get(task_id).workspace_start is None

@@ -93,9 +93,9 @@ def move_task(
     deployment's ``defaults`` fill what neither sets; what the submitter set itself
     (``_own_fields``) stays, as do its goal, user, metadata, priority, budget
     (``constraints.max_tokens``: META's, already spent against), workspace (its files are where
-    they are) and conversation. A task moved keeping the old version's outcome was graded by a
-    gate its version no longer had. Only an answered or idle task moves (409 otherwise): a run in
-    flight is never changed under its worker."""
+    they are; a task that had none gets none of the version's) and conversation. A task moved
+    keeping the old version's outcome was graded by a gate its version no longer had. Only an
+    answered or idle task moves (409 otherwise): a run in flight is never changed under its worker."""
     task = owned_task(store, task_id, tenant)
     if task.submission.agent is None:
         raise ValidationError(f"task {task_id} runs no agent definition: there is no version to move", field="task_id")
@@ -124,8 +124,12 @@ def move_task(
     fields = resolved_fields(target, sent)
     fields["own_fields"] = sorted(own)
     fields["constraints"]["max_tokens"] = old.constraints.max_tokens
-    if old.workspace is not None:  # the task's files are where they are: its workspace stays
+    # The task's files are where they are: its workspace stays as it was, none included. A new
+    # version's start (a repository, an upload) would be files at a step its history ran without.
+    if old.workspace is not None:
         fields["workspace"] = old.workspace.model_dump(exclude_none=True)
+    else:
+        fields.pop("workspace", None)
     moved = parse_submission(fields)
     if defaults is not None:
         moved = defaults.apply(moved)

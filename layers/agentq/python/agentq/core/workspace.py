@@ -304,6 +304,15 @@ class WorkspaceRefNotFound(WorkspaceSourceFailed):
     code = "workspace_git_ref_not_found"
 
 
+class WorkspaceStartRefused(WorkspaceSourceFailed):
+    """A repository start that is not step 0's: the task has committed steps and no start is
+    recorded (a task that ran without it, then given it), or the fenced record of the clone was
+    refused for that reason (``TaskLeases.start_workspace``). Cloned now, its files would appear
+    at a step its history ran without them, on every claim again; the task fails instead."""
+
+    code = "workspace_start_refused"
+
+
 class WorkspaceStartTooLarge(WorkspaceSourceFailed):
     """The cloned repository passed the task's limits (``WorkspaceQuota``)."""
 

@@ -31,7 +31,7 @@ from agentq.core.models import Lease, Task, TaskStatus
 from agentq.core.records import ClaimOwner, ClaimRecord
 from agentq.core.reservation import Seen
 from agentq.core.status import DEFERRED_EPOCH, SILENT_UNTIL
-from agentq.core.workspace import WorkspaceRef
+from agentq.core.workspace import WorkspaceRef, WorkspaceStartRefused
 from agentq.resources import GSI_OWNER
 from agentq.storage import keys
 from agentq.storage.table import (
@@ -418,13 +418,24 @@ class TaskLeases(TaskItems):
     def start_workspace(self, lease: Lease, ref: WorkspaceRef) -> None:
         """Record the starting files a clone made (``Task.workspace_start``, and ``workspace``,
         what a takeover restores), fenced and once: only while no start is recorded and no step
-        has committed, so a zombie's clone never replaces the one a task runs on."""
+        has committed, so a zombie's clone never replaces the one a task runs on.
+
+        A refusal by the fence is ``LeaseLost`` (which part, as for every worker write); one
+        the fence passes is the task's own state, the same at every claim (a step committed, a
+        start recorded): ``WorkspaceStartRefused``, a deterministic fault that ends the task,
+        never a lost lease, which would leave it held and cloned again by every claim."""
         value = ref.model_dump()
-        self._fenced(
-            lease,
-            Update(set={"workspace_start": value, "workspace": value}),
-            Attr("workspace_start").not_exists() & Attr("step").eq(0),
-        )
+        condition = fence(lease) & Attr("workspace_start").not_exists() & Attr("step").eq(0)
+        update = Update(set={"workspace_start": value, "workspace": value})
+        try:
+            self.table.update(keys.meta_key(lease.task_id), update, condition=condition)
+        except ConditionFailed as exc:
+            if exc.old is None or not fence_holds(exc.old, lease):
+                raise _refused(lease, exc.old) from exc
+            why = "a start is already recorded" if "workspace_start" in exc.old else f"it is at step {exc.old['step']}"
+            raise WorkspaceStartRefused(
+                f"task {lease.task_id}: workspace.git: a clone is recorded only as step 0's files; {why}"
+            ) from exc
 
     def _fenced(
         self, lease: Lease, update: Update, extra: ConditionBase | None = None, *, release: bool = False

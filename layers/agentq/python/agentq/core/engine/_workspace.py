@@ -11,7 +11,9 @@ task (``workspace_restore_failed``) instead of running on a half-restored disk.
 A workspace that starts from a git repository is cloned at the first claim
 (``_workspace_clone``), its content and manifest stored, then recorded on META once (fenced:
 ``start_workspace``) before any step runs: step 0's files, which later claims restore rather than
-clone. One that starts from stored content (an uploaded archive, a parent's workspace) restores
+clone. A task with committed steps and no recorded start is never cloned (its files would appear at
+a step its history ran without them): it fails ``workspace_start_refused``, as does a clone whose
+record is refused for anything but a lost lease. One that starts from stored content (an uploaded archive, a parent's workspace) restores
 it from where it is (``lookup``); it is never copied under the task's prefix.
 
 Each claim gets a directory of its own (``<root>/<worker>-<pid>/<task>.<random>``, made with
@@ -51,6 +53,7 @@ from agentq.core.workspace import (
     WorkspaceRefused,
     WorkspaceRestoreFailed,
     WorkspaceSourceFailed,
+    WorkspaceStartRefused,
     WorkspaceStartTooLarge,
     WorkspaceTooLarge,
     has_workspace,
@@ -187,6 +190,11 @@ class Workspaces:
             source = self.credentials(s) if self.credentials is not None else None
             ws.egress = self.egress(sub.workspace.allow_hosts, credentials=source)
         if s.task.workspace is None and sub.workspace is not None and sub.workspace.git is not None:
+            if s.task.step > 0:  # a clone is step 0's files, recorded before any step: never later
+                raise WorkspaceStartRefused(
+                    f"task {s.task_id}: workspace.git: the task has {s.task.step} committed steps and no "
+                    "recorded start; its repository can only be its starting files"
+                )
             self._clone(ws, s)
             return
         self._restore(ws, s.task.workspace, s)
