@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,9 +32,10 @@ from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
 from agentq.storage.keys import META, payload_prefix, task_pk
 from agentq.storage.serdes import from_item, to_item, to_values
-from agentq.storage.tasks import DAY_SECONDS
+from agentq.storage.tasks import DAY_SECONDS, FORK_PENDING_SECONDS
 
-from tests.helpers import call, dynamo, s3_payloads, scripted
+from tests.conftest import child_env
+from tests.helpers import call, dynamo, run_python, s3_payloads, scripted
 from tests.lambda_support import FakeLambdaContext, load_handler
 
 RETENTION_DAYS = 2
@@ -436,6 +438,51 @@ def test_a_fork_keeps_its_own_payloads_when_its_source_is_purged(rstore: Storage
     assert refs and all(r and r.startswith(payload_prefix(fork.task_id)) for r in refs)
     purge_task(rstore, source_id)
     assert [s.body for s in rstore.steps.load(fork.task_id)] == [s.body for s in steps]
+
+
+# What a fork request runs (``Tasks.fork``), in a process of its own that the test kills at a crash point.
+_FORKER = """
+import sys
+from agentq.runtime import Settings, build_store
+store = build_store(Settings.from_env())
+source = store.tasks.get(sys.argv[1])
+store.tasks.fork(source, source.submission, store.steps.load(source.task_id)[:4], tenant=source.tenant)
+"""
+
+
+def test_a_fork_cut_short_leaves_nothing_that_nothing_will_delete(rstore: Storage, retained: Settings) -> None:
+    """A fork SIGKILLed once its steps and their payloads are copied: it used to write META
+    last, so what it copied sat under a task id with no META (no TTL, no purge, invisible to
+    every listing) for ever. META is its first write now, a placeholder with a near expiry: no
+    read or listing shows the fork, TTL deletes the placeholder, and the purge that follows takes
+    everything else the fork wrote; the source keeps all it had."""
+    source_id = _finished_task_with_everything(rstore, retained)
+    source_had = _everything_of(rstore, source_id)
+    client = dynamo(rstore).client
+
+    def task_pks() -> set[str]:
+        pages = client.get_paginator("scan").paginate(TableName=rstore.table.name, ProjectionExpression="pk")
+        return {i["pk"]["S"] for page in pages for i in page["Items"] if i["pk"]["S"].startswith(task_pk(""))}
+
+    before = task_pks()
+    killed = run_python(["-c", _FORKER, source_id], child_env(retained, AGENTQ_CRASH_AT="after_fork_steps"), 60)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    (pk,) = task_pks() - before
+    fork_id = pk.removeprefix(task_pk(""))
+    items, _, objects = _everything_of(rstore, fork_id)
+    assert META in items and [i for i in items if i.startswith("STEP#")] and objects  # was: steps, no META
+    meta = _meta(rstore, fork_id)
+    assert time.time() < int(meta["expires_at"]["N"]) <= time.time() + FORK_PENDING_SECONDS  # TTL collects it
+    with pytest.raises(TaskNotFound):
+        rstore.tasks.get(fork_id)
+    assert fork_id not in [t.task_id for t in rstore.tasks.list_for_tenant("t", limit=100)[0]]
+    with pytest.raises(IllegalTransition, match="still being copied"):
+        purge_task(rstore, fork_id)  # not before its expiry: it may still be copying
+
+    client.delete_item(TableName=rstore.table.name, Key=to_item({"pk": pk, "sk": META}))  # what TTL does
+    purge_task(rstore, fork_id)  # what the reaper does on that deletion's stream record
+    assert _everything_of(rstore, fork_id) == ([], False, [])
+    assert _everything_of(rstore, source_id) == source_had
 
 
 # -- the stream record and the reaper ---------------------------------------------------------

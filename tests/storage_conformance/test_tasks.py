@@ -11,9 +11,11 @@ from agentq.core.errors import IdempotencyConflict, IllegalTransition, LeaseLost
 from agentq.core.models import RetryState, TaskStatus
 from agentq.core.workspace import WorkspaceRef, WorkspaceStartRefused
 from agentq.observe.redaction import REDACTOR
+from agentq.storage import keys
 from agentq.storage.container import Storage
 from agentq.storage.item_size import item_size
-from agentq.storage.table import IdempotentParameterMismatch, TransactionCancelled
+from agentq.storage.table import ConditionFailed, IdempotentParameterMismatch, TransactionCancelled, Update
+from agentq.storage.tasks import FORK_PENDING, FORK_PENDING_SECONDS
 
 from tests.helpers import scripted
 from tests.storage_conformance._builders import claimed, llm_step, new_task
@@ -418,3 +420,59 @@ def test_a_workspace_start_refused_by_the_tasks_own_state_is_a_fault_and_by_the_
     with pytest.raises(LeaseLost, match="superseded"):
         backend.tasks.start_workspace(old[0], ref)
     assert backend.tasks.get(task_id).workspace_start is None
+
+
+def _stepped(backend: Storage, steps: int) -> str:
+    """A task with ``steps`` committed LLM steps, the last its answer."""
+    lease = claimed(backend)
+    for n in range(1, steps + 1):
+        ending = {"finish": TaskStatus.SUCCEEDED, "result": "hi"} if n == steps else {}
+        backend.steps.commit(lease, n, llm_step(), root_id=lease.task_id, **ending)  # type: ignore[arg-type]
+    return lease.task_id
+
+
+def test_a_fork_is_invisible_until_whole_expires_if_cut_short_and_a_retry_under_its_id_takes_it_over(
+    backend: Storage,
+) -> None:
+    """A fork writes META first as a placeholder with a near expiry, then its steps and objects,
+    then the task over the placeholder. Cut short (here a copy that fails at its third step), it
+    is no task to any read or listing, and its META carries the TTL that collects what it copied
+    (it used to leave steps under no META at all). Retried under the same id it completes; an id
+    that is a whole task is never written over."""
+    source_id = _stepped(backend, 2)
+    source = backend.tasks.get(source_id)
+    longer = backend.steps.load(_stepped(backend, 3))
+    with pytest.raises(KeyError):  # the source has no step 3 to copy: the fork stops after its placeholder
+        backend.tasks.fork(source, source.submission, longer, tenant="t", task_id="fork-1")
+    with pytest.raises(TaskNotFound):
+        backend.tasks.get("fork-1")
+    assert backend.tasks.get_many(["fork-1"]) == []
+    assert "fork-1" not in [t.task_id for t in backend.tasks.list_for_tenant("t", limit=100)[0]]
+    assert backend.tasks.claim("fork-1", "w1", 30) is None
+    placeholder = backend.table.get(keys.meta_key("fork-1"))
+    assert placeholder is not None and time.time() < placeholder["expires_at"] <= time.time() + FORK_PENDING_SECONDS
+    assert "status" not in placeholder and "gsi1pk" not in placeholder
+
+    fork = backend.tasks.fork(source, source.submission, backend.steps.load(source_id), tenant="t", task_id="fork-1")
+    whole = backend.table.get(keys.meta_key("fork-1"))
+    assert whole is not None and "expires_at" not in whole and FORK_PENDING not in whole
+    assert backend.tasks.get("fork-1").status is TaskStatus.QUEUED and fork.step == 2
+    assert [s.number for s in backend.steps.load("fork-1")] == [1, 2]
+    with pytest.raises(ConditionFailed):
+        backend.tasks.fork(source, source.submission, backend.steps.load(source_id), tenant="t", task_id=source_id)
+    assert backend.tasks.get(source_id).status is TaskStatus.SUCCEEDED
+
+
+def test_a_fork_cut_short_is_purged_once_its_placeholder_expired_and_not_before(backend: Storage) -> None:
+    """The purge need not wait for TTL (which deletes within days of the expiry) once the
+    placeholder expired; before, the fork may still be copying and the purge refuses it."""
+    source = backend.tasks.get(_stepped(backend, 2))
+    with pytest.raises(KeyError):
+        backend.tasks.fork(source, source.submission, backend.steps.load(_stepped(backend, 3)), tenant="t",
+                           task_id="fork-2")  # fmt: skip
+    with pytest.raises(IllegalTransition, match="still being copied"):
+        backend.purge.task("fork-2")
+    assert backend.steps.raw_items("fork-2")
+    backend.table.update(keys.meta_key("fork-2"), Update(set={"expires_at": int(time.time()) - 1}))
+    assert backend.purge.task("fork-2").items > 0
+    assert backend.steps.raw_items("fork-2") == []

@@ -30,6 +30,7 @@ CRASH_POINTS = (
     "after_grade",  # the grade recorded on its effect record, grade step not committed
     "after_grade_commit",  # grade step durable (the task ended, or the feedback is its next message)
     "after_stop_marks",  # a stop marked every task of its scope, none moved to cancelled yet
+    "after_fork_steps",  # a fork's placeholder META and copied steps written, its objects and task not yet
 )
 
 _passes: Counter[str] = Counter()

@@ -9,7 +9,10 @@ which names them, was gone: one slot of the tenant's limit lost for good), and t
 prepared step landed in the purged partition. So META is deleted only once the task holds no
 slot (``slots`` absent) and no live worker owns it (``owner_worker`` absent, or that worker's
 liveness lapsed: it died holding it, and a dead worker writes nothing more); otherwise the purge
-is refused, nothing deleted, and is to be tried again once the worker lets go."""
+is refused, nothing deleted, and is to be tried again once the worker lets go.
+
+A fork cut short (``Tasks.fork``) left a placeholder META with no status: purged once it expired,
+refused before (the fork may still be copying)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from agentq.core.models import TERMINAL_STATUSES
 from agentq.storage import keys
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import ConditionFailed, Item, Table, plain, present, status_in
+from agentq.storage.tasks import FORK_PENDING
 from agentq.storage.workers import WorkerLiveness
 
 # A finished task its worker has let go of: no running slot named on META, no worker owning it.
@@ -46,8 +50,10 @@ class Purge:
         there but terminal (then META goes first, so a purge cut short never leaves a visible
         task without its history). ``attempts`` bounds the retries of unprocessed deletes."""
         finished = status_in(TERMINAL_STATUSES)
+        # a fork cut short, its placeholder past its expiry (TTL deletes it within days; a purge need not wait)
+        cut_short = Attr(FORK_PENDING).exists() & Attr("expires_at").lt(int(time.time()))
         try:
-            old = self.table.delete(keys.meta_key(task_id), condition=~present() | (finished & LET_GO))
+            old = self.table.delete(keys.meta_key(task_id), condition=~present() | (finished & LET_GO) | cut_short)
         except ConditionFailed as exc:
             old = self._delete_let_go(task_id, plain(exc.old or {}))
         rest = self.table.query(keys.task_pk(task_id), keys_only=True)
@@ -59,6 +65,12 @@ class Purge:
         """META's delete was refused as ``meta`` stood: a live task, or a finished one its worker
         has not let go of yet (IllegalTransition, nothing deleted); or one whose owner died
         holding it, deleted now on that very owner."""
+        if FORK_PENDING in meta:
+            raise IllegalTransition(
+                f"task {task_id} is a fork still being copied (or cut short: its placeholder expires at "
+                f"{meta.get('expires_at')}); nothing was deleted; purge it again after that",
+                field="task_id",
+            )
         status = meta.get("status", "live")
         if status not in {s.value for s in TERMINAL_STATUSES}:
             raise IllegalTransition(f"task {task_id} is {status}; only a finished task is purged", field="task_id")

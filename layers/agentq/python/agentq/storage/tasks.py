@@ -19,13 +19,16 @@ listings (``storage.task_listing``). This module creates tasks: plain, idempoten
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq.core.errors import IdempotencyConflict, TaskNotFound
+from agentq.core.faults import crash_point
 from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.pricing import NO_MONEY_CAP, micros
 from agentq.core.records import IdempotencyRecord
@@ -52,6 +55,10 @@ from agentq.storage.task_transitions import TaskTransitions
 from agentq.storage.workspaces import WorkspaceObjects
 
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+# A fork's META while its steps and objects are copied (``Tasks.fork``): the token of the fork
+# writing it, and the TTL that collects a fork cut short; the copy takes seconds to minutes.
+FORK_PENDING = "fork_pending"
+FORK_PENDING_SECONDS = 3600
 
 
 class Tasks(TaskLeases, TaskTransitions, TaskListing):
@@ -262,11 +269,25 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
 
         ``steps`` never end on the model's turn asking for tool calls: the fork would make them
         again, unknown to the source's effect records (``control.operations.fork`` names the
-        steps to fork at instead; this is its backstop, ARCHITECTURE 3)."""
+        steps to fork at instead; this is its backstop, ARCHITECTURE 3).
+
+        META comes first, as a placeholder (``FORK_PENDING``: no status, no submission, no index
+        key, so no read, listing or claim finds a task) carrying the TTL attribute
+        (``expires_at``, ``FORK_PENDING_SECONDS`` on): a fork cut short anywhere (a killed
+        process, a failed copy) leaves its copied steps and objects under a META that TTL
+        deletes, and the reaper purges the rest as it does for any task
+        (``control.retention``). The last write replaces the placeholder with the task, only
+        while it is this fork's own, so the fork appears whole or not at all. A fork retried
+        under the same ``task_id`` takes the placeholder over and copies again (every copy
+        is an overwrite of the same key)."""
         last = steps[-1].body if steps else None
         if isinstance(last, LLMStep) and last.tool_uses():
             raise ValueError(f"a fork cannot end on step {len(steps)}: its tool calls would be made again")
         task_id = task_id or keys.new_task_id()
+        pending = uuid.uuid4().hex
+        placeholder = {**keys.meta_key(task_id), "task_id": task_id, FORK_PENDING: pending,
+                       "expires_at": int(time.time() + FORK_PENDING_SECONDS)}  # fmt: skip
+        self.table.put(placeholder, condition=absent() | Attr(FORK_PENDING).exists())
         llm_steps = sum(1 for s in steps if s.body.kind == "llm")
         originals = {int(i["number"]): i for i in self.table.query(keys.task_pk(source.task_id), prefix=keys.STEP)}
         puts: list[Put] = []
@@ -287,6 +308,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             puts.append(Put(f"step{record.number}", item))
         for chunk in chunks(puts):
             self.table.transact(chunk)
+        crash_point("after_fork_steps")
         # The workspace of every copied step that changed it (core.workspace), copied under the
         # fork's own prefix like the payloads above: every manifest a step names and the content
         # of them all, so a fork of the fork at any of its steps, or after the source's
@@ -304,7 +326,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             for digest in manifests:
                 blobs |= Manifest.from_bytes(objects.get_manifest(source.task_id, digest, lookup)).blobs()
             objects.copy_states(source.task_id, task_id, manifests, blobs, lookup)
-        # META last: until it exists the fork is invisible, so a failed copy leaves nothing usable.
+        # The task last, over its placeholder: until then the fork is invisible and expiring.
         actions, task = self.create_actions(
             task_id,
             submission,
@@ -325,5 +347,14 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         if start is not None:
             meta.item["workspace_start"] = start.model_dump()
             counters["workspace_start"] = start
-        self.table.transact(actions)
+        actions[0] = dataclasses.replace(meta, condition=Attr(FORK_PENDING).eq(pending))
+        try:
+            self.table.transact(actions)
+        except TransactionCancelled as exc:
+            if exc.failed != {"meta"}:
+                raise
+            raise RuntimeError(
+                f"fork {task_id}: its placeholder expired or was taken over by another fork of that id before "
+                "the copy finished; nothing of this one is visible, and what it copied goes with the placeholder"
+            ) from exc
         return task.model_copy(update=counters)
