@@ -173,6 +173,21 @@ def overloaded() -> FakeReply:
     return error_reply(529, "overloaded_error", "Overloaded")
 
 
+def error_in_stream(error_type: str, message: str, input_tokens: int = 10) -> FakeReply:
+    """A 200 event stream that starts a message (``message_start`` tells ``input_tokens`` and one
+    output token), then says ``event: error``: how the API reports an error once a stream began,
+    an overload most often (every call of the anthropic provider streams)."""
+    start = {"type": "message_start", "message": {
+        "id": _next_id("msg_"), "type": "message", "role": "assistant", "model": "claude-sonnet-4-6", "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": usage_dict(input_tokens, 1)}}  # fmt: skip
+    error = {"type": "error", "error": {"type": error_type, "message": message}}
+    raw = b"".join(
+        f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+        for name, data in (("message_start", start), ("error", error))
+    )
+    return FakeReply(200, None, raw=raw, content_type="text/event-stream")
+
+
 def invalid_request(message: str = "messages: at least one message is required") -> FakeReply:
     return error_reply(400, "invalid_request_error", message)
 

@@ -22,6 +22,7 @@ from agentq.core.providers.retry import RetryPolicy, backoff_delay, call_with_re
 
 from tests.fake_messages_api import (
     FakeMessagesAPI,
+    error_in_stream,
     error_reply,
     invalid_request,
     malformed_json,
@@ -284,6 +285,49 @@ def test_non_retryable_status_fails_at_once_with_one_request_and_a_precise_code(
     assert caught.value.code == code
     assert caught.value.attempts == 1
     assert len(api.requests) == 1
+    assert sleep.delays == []
+
+
+@pytest.mark.parametrize(
+    ("error_type", "status", "code"),
+    [
+        ("overloaded_error", 529, "overloaded"),
+        ("rate_limit_error", 429, "rate_limited"),
+        ("api_error", 500, "provider_server_error"),
+        ("an_error_of_a_newer_api", 500, "provider_server_error"),
+    ],
+)
+def test_an_error_event_inside_a_stream_is_retried_as_the_status_its_type_names(
+    api: FakeMessagesAPI, sleep: RecordingSleep, error_type: str, status: int, code: str
+) -> None:
+    """Anthropic reports an overload that comes once a stream began as an ``error`` event inside
+    the 200, which the SDK raises with the stream's status (200): it was taken for a request the
+    API refused, and failed the task for good, with no retry and no fallback."""
+    api.enqueue(error_in_stream(error_type, "Overloaded"), text_reply("recovered"))
+    assert anthropic_provider(api.base_url, sleep).complete(weather_request()).attempts == 2
+    assert all(r.body.get("stream") is True for r in api.requests) and len(sleep.delays) == 1
+
+    api.enqueue(*(error_in_stream(error_type, "Overloaded") for _ in range(2)))
+    with pytest.raises(ProviderError) as caught:
+        anthropic_provider(api.base_url, sleep, RetryPolicy(max_attempts=2)).complete(weather_request())
+    failed = caught.value
+    assert (failed.retryable, failed.status_code, failed.code) == (True, status, code), failed
+    assert failed.maybe_billed  # its stream had begun: the input it told may be billed
+
+
+def test_a_request_refused_inside_a_stream_fails_at_once_as_possibly_billed(
+    api: FakeMessagesAPI, sleep: RecordingSleep
+) -> None:
+    """The same refusal as an HTTP 400 is known unbilled (no reply began); inside a stream that
+    began, it may have been billed, so the task's hold for it must stay counted."""
+    api.enqueue(error_in_stream("invalid_request_error", "bad"), invalid_request("bad"))
+    provider = anthropic_provider(api.base_url, sleep)
+    outcomes = []
+    for _ in range(2):
+        with pytest.raises(ProviderError) as caught:
+            provider.complete(weather_request())
+        outcomes.append((caught.value.code, caught.value.retryable, caught.value.attempts, caught.value.maybe_billed))
+    assert outcomes == [("invalid_request", False, 1, True), ("invalid_request", False, 1, False)]
     assert sleep.delays == []
 
 

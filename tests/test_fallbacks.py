@@ -26,6 +26,7 @@ from tests.fake_messages_api import (
     FakeMessagesAPI,
     FakeReply,
     RecordedRequest,
+    error_in_stream,
     overloaded,
     point_anthropic_at,
     text_reply,
@@ -130,6 +131,30 @@ def test_a_task_fails_over_only_for_an_outage_not_for_a_request_the_model_refuse
     result = engine(store, registry).run(task.task_id)
     assert result.status is TaskStatus.FAILED and result.error is not None
     assert result.error["code"] == "invalid_request" and openai_api.requests == []
+
+
+def test_an_overload_inside_a_stream_falls_over_and_the_input_its_stream_told_is_counted_as_known(
+    models: tuple[Claude, FakeMessagesAPI, FakeChatCompletions], store: Storage, registry: ToolRegistry
+) -> None:
+    """How Anthropic reports an overload once a stream began (every call of the anthropic
+    provider streams): an error event inside the 200. It is an outage as a 529 is, so the task's
+    fallback takes the call; the failed attempts may have been billed, so their holds stay
+    counted, what their streams told (10 input tokens and one output each) as known, the rest
+    unknown (ARCHITECTURE 4). Before, it failed the task for good and returned the holds."""
+    _, anthropic_api, openai_api = models
+    anthropic_api.responder = None
+    anthropic_api.enqueue(*(error_in_stream("overloaded_error", "Overloaded", input_tokens=10) for _ in range(2)))
+    task = submit(store, registry, {**TASK, "constraints": {"tools": ["lookup"]}}, tenant="t")
+    result = engine(store, registry).run(task.task_id)
+    assert result.status is TaskStatus.SUCCEEDED, result.error
+    assert len(anthropic_api.requests) == 2 and anthropic_api.pending == 0 and len(openai_api.requests) == 2
+    steps = call_steps(store, task.task_id)
+    assert [(s.provider, s.model) for s in steps] == [("openai", GPT)] * 2
+    note = steps[0].fallback_from
+    assert note is not None and (note.provider, note.reason) == ("anthropic", "overloaded")
+    budget = store.budgets.get(task.task_id)
+    answered = sum(s.usage.input_total + s.usage.output_tokens for s in steps)
+    assert budget.known == 2 * (10 + 1) + answered and budget.unknown > 0 and budget.reserved == 0, budget
 
 
 def test_the_hold_is_sized_on_the_dearest_of_the_tasks_models() -> None:

@@ -188,11 +188,37 @@ class _MessagesProvider:
                 ) from exc
 
 
+# The HTTP status the API documents for each of its error types: what an error event inside a
+# 200's stream (``event: error``) is taken for, since its response says 200. An overload after
+# the stream began comes this way (every Anthropic call streams), and must be retried, and fall
+# over to a task's fallback, as the 529 it is; an unknown type is the server's error (500).
+STREAM_ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+
+
 def anthropic_failure(exc: Exception) -> CallFailure | None:
-    """The Anthropic SDK's exceptions (Anthropic API and Bedrock alike); None: not the SDK's."""
+    """The Anthropic SDK's exceptions (Anthropic API and Bedrock alike); None: not the SDK's.
+
+    An error event inside a stream reaches us as an ``APIStatusError`` whose status is the
+    stream's 200: it is coded by its error type (``STREAM_ERROR_STATUS``), and may have been
+    billed (the stream's ``message_start`` had told the input), so never ``unbilled``."""
     if isinstance(exc, anthropic.APIStatusError):
+        kind = _error_field(exc, "type")
+        status = exc.status_code
+        if status < 400:
+            status = STREAM_ERROR_STATUS.get(kind or "", 500)
         return CallFailure(
-            "status", exc.status_code, _error_field(exc, "type"), _detail(exc), exc.response.headers,
+            "status", status, kind, _detail(exc), exc.response.headers,
             unbilled=error_status_answered(exc.response.status_code),
         )  # fmt: skip
     if isinstance(exc, anthropic.APITimeoutError):

@@ -267,6 +267,7 @@ def call_with_retries(
                         status_code=failure.status_code,
                         attempts=attempt,
                         code=failure_code(failure.status_code),
+                        maybe_billed=not failure.unbilled,  # an error inside a stream that had begun
                     ) from exc
                 hint = retry_after_seconds(failure.headers)
             last, last_exc = failure, exc
