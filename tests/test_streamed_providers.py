@@ -8,6 +8,7 @@ the one a plain call gives: text, tool calls, reasoning, stop reason, usage."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -110,6 +111,39 @@ def test_a_chat_stream_that_ends_without_its_usage_is_retried_then_fails_as_malf
         OpenAIProvider(retry=retry(), sleep=sleeps).complete(request("gpt-4.1-mini"))
     assert caught.value.code == "malformed_response" and not caught.value.retryable, caught.value
     assert "usage" in str(caught.value) and len(sleeps) == 1
+
+
+def _error_inside_a_chat_stream(error: dict[str, Any]) -> FakeReply:
+    """A 200 stream that begins a reply, then carries the server's error (as OpenAI reports a
+    failure once a stream began)."""
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4.1-mini",
+             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "finish_reason": None}]}  # fmt: skip
+    events = [f"data: {json.dumps(chunk)}\n\n".encode(), f"data: {json.dumps({'error': error})}\n\n".encode()]
+    return FakeReply(200, events=events, content_type="text/event-stream")
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        ({"message": "The server had an error while processing your request.", "type": "server_error"},
+         "provider_server_error"),
+        ({"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}, "rate_limited"),
+    ],
+    ids=["server_error", "rate_limit_exceeded"],
+)  # fmt: skip
+def test_an_error_inside_a_chat_stream_is_retried_as_the_server_error_or_rate_limit_it_names(
+    chat: FakeChatCompletions, error: dict[str, Any], code: str
+) -> None:
+    """Before, every error inside a stream was a malformed reply: failed for good once the
+    attempts were spent, with no fallback asked, as if the server had answered garbage."""
+    chat.enqueue(_error_inside_a_chat_stream(error), chat_completion("ok"))
+    assert OpenAIProvider(retry=retry(), sleep=Sleeps()).complete(request("gpt-4.1-mini")).attempts == 2
+    chat.enqueue(*(_error_inside_a_chat_stream(error) for _ in range(2)))
+    with pytest.raises(ProviderError) as caught:
+        OpenAIProvider(retry=retry(), sleep=Sleeps()).complete(request("gpt-4.1-mini"))
+    failed = caught.value
+    assert (failed.code, failed.retryable, failed.maybe_billed) == (code, True, True), failed
+    assert error["message"] in failed.message
 
 
 def test_a_long_converse_call_goes_through_converse_stream_and_is_assembled_into_the_reply_converse_gives(

@@ -229,9 +229,30 @@ def openai_failure(exc: Exception) -> CallFailure | None:
         return CallFailure("timeout", detail=exc.message, unbilled=no_reply_began(exc))
     if isinstance(exc, openai.APIConnectionError):
         return CallFailure("connection", detail=exc.message, unbilled=no_reply_began(exc))
-    if isinstance(exc, openai.APIError):
+    if type(exc) is openai.APIError:  # what the SDK raises for an error inside a 200's stream
+        # Never unbilled: the stream had begun, and the server may bill what it wrote.
+        body = exc.body if isinstance(exc.body, dict) else {}
+        kind = next((k for k in (body.get("type"), body.get("code")) if k in STREAM_ERROR_STATUS), None)
+        status = STREAM_ERROR_STATUS.get(kind or "", 500)
+        return CallFailure("status", status, kind or _text(body.get("type")), exc.message)
+    if isinstance(exc, openai.APIError):  # the SDK could not read a 200 (APIResponseValidationError)
         return CallFailure("malformed", detail=str(exc)[:200] or type(exc).__name__)
     return None
+
+
+# An error a server put inside a stream it had begun (``data: {"error": {...}}``), by its type
+# or code, as the HTTP status it would have come with: a server error or a rate limit is retried
+# (and falls over to a task's fallback) like the 500 or 429 it is, not failed as a reply that is
+# no completion; any other is the server's error (500).
+STREAM_ERROR_STATUS = {
+    "server_error": 500,
+    "rate_limit_exceeded": 429,
+    "invalid_request_error": 400,
+}
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 # --- the request ------------------------------------------------------------------------------
