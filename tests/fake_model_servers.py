@@ -258,14 +258,18 @@ def chat_completion(
     cached_tokens: int | None = None,
     model: str = "",
     raw_arguments: str | None = None,
+    refusal: str | None = None,
 ) -> FakeReply:
-    """A completion as vLLM returns it; ``model`` empty: echo the request's."""
+    """A completion as vLLM returns it; ``model`` empty: echo the request's. ``refusal``: the
+    model declined, in these words (OpenAI's ``message.refusal``; ``content`` is then null)."""
     calls = [
         {"id": _next_id("call_"), "type": "function",
          "function": {"name": name, "arguments": raw_arguments if raw_arguments is not None else json.dumps(args)}}
         for name, args in tool_calls or []
     ]  # fmt: skip
     message: dict[str, Any] = {"role": "assistant", "content": text}
+    if refusal is not None:
+        message["refusal"] = refusal
     if calls:
         message["tool_calls"] = calls
     usage: dict[str, Any] = {
@@ -289,7 +293,8 @@ def chat_completion(
 
 
 def completion_chunks(completion: dict[str, Any], *, usage: bool) -> list[dict[str, Any]]:
-    """A completion as the chunks a server streams: the role, the text in three pieces, each
+    """A completion as the chunks a server streams: the role, the text in three pieces (a refusal's
+    in pieces of eight characters), each
     tool call (id and name first, its arguments in two pieces), the finish reason, the usage."""
     head = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
             "model": completion["model"]}  # fmt: skip
@@ -303,6 +308,8 @@ def completion_chunks(completion: dict[str, Any], *, usage: bool) -> list[dict[s
     text = message.get("content") or ""
     third = max(1, len(text) // 3)
     out += [chunk({"content": text[i : i + third]}) for i in range(0, len(text), third)]
+    refusal = message.get("refusal") or ""
+    out += [chunk({"refusal": refusal[i : i + 8]}) for i in range(0, len(refusal), 8)]
     for n, call in enumerate(message.get("tool_calls") or []):
         arguments = call["function"]["arguments"]
         half = len(arguments) // 2

@@ -116,6 +116,19 @@ def test_finish_reasons_become_the_stop_reasons_the_engine_reads(
     assert provider(server).complete(request()).stop_reason == stop
 
 
+@pytest.mark.parametrize("max_tokens", [256, 32_000], ids=["whole", "streamed"])
+def test_a_refusal_is_read_as_its_words_with_the_stop_reason_refusal(
+    server: FakeChatCompletions, monkeypatch: pytest.MonkeyPatch, max_tokens: int
+) -> None:
+    """Chat Completions says a refusal in ``message.refusal`` (``content`` null, finish ``stop``):
+    dropped, the turn was an empty answer that ended the task ``succeeded`` with nothing."""
+    monkeypatch.setenv("AGENTQ_STREAM_ABOVE_TOKENS", "8192")
+    server.enqueue(chat_completion(None, refusal="I'm sorry, I can't help with that."))
+    reply = provider(server).complete(request().model_copy(update={"max_tokens": max_tokens}))
+    assert reply.content == [{"type": "text", "text": "I'm sorry, I can't help with that."}]
+    assert (reply.stop_reason, reply.finish_reason, reply.streamed) == ("refusal", "stop", max_tokens > 8192)
+
+
 def test_a_429_waits_for_the_servers_retry_after_then_succeeds(server: FakeChatCompletions) -> None:
     sleeps = Sleeps()
     server.enqueue(chat_error(429, "rate_limit_exceeded", "slow down", {"retry-after": "2"}), chat_completion("ok"))

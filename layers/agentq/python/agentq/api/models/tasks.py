@@ -75,8 +75,9 @@ class ForkRequest(StrictModel):
         description="copy the source's committed steps 1..at_step: at most the source's step (its last committed "
         "one), and not the model's turn asking for tool calls (a fork there would make them again: fork at the next "
         "step, which made them, or the one before), else 422 naming at_step; a fork at the model's answer ends "
-        "as that answer ended its source (succeeded with it, or failed output_truncated for one cut off at the "
-        "output limit), and a message sent to it goes on from there; the source must be a root task",
+        "as that answer ended its source (succeeded with it, or failed: output_truncated for one cut off at the "
+        "output limit, model_refused for a refusal, context_window_exceeded), and a message sent to it goes on "
+        "from there; the source must be a root task",
     )
     provider: Provider | None = None
     model: str | None = Field(default=None, min_length=1, max_length=200)

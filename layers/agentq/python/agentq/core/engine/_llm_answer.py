@@ -58,7 +58,7 @@ class Answers:
             messages = [{"role": "user", "content": resumed_goal(goal, summary)}] if summary else s.messages
             finish, result, error = None, None, None
         else:
-            messages, finish, result, error = turn_outcome(s.messages, sub, step, call.max_out)
+            messages, finish, result, error = turn_outcome(s.messages, sub, step, call.max_out, response.finish_reason)
         if held is not None and held.until is not None and time.time() > held.until:
             log.warning("task %s: call answered after its hold's deadline; raise AGENTQ_MAX_CALL_SECONDS", s.task_id)
         try:
@@ -187,12 +187,17 @@ class Answers:
 
 
 def turn_outcome(
-    messages: list[dict[str, Any]], sub: TaskSubmission, step: LLMStep, max_out: int
+    messages: list[dict[str, Any]],
+    sub: TaskSubmission,
+    step: LLMStep,
+    max_out: int,
+    finish_reason: str | None = None,
 ) -> tuple[list[dict[str, Any]], TaskStatus | None, str | None, dict[str, Any] | None]:
     """The conversation after an agent turn (``messages`` and the turn), and whether (and how)
-    the turn ends the task."""
+    the turn ends the task (``finish_reason``: the provider's own word for why it stopped)."""
     messages = [*messages, {"role": "assistant", "content": step.content}]
-    finish, error = turn_end(step, max_out, shrunk=max_out < sub.constraints.max_output_tokens)
+    finish, error = turn_end(step, max_out, shrunk=max_out < sub.constraints.max_output_tokens,
+                             finish_reason=finish_reason)  # fmt: skip
     result = final_text(messages) if finish else None
     schema = sub.output_schema
     if schema is not None and error is None:
@@ -207,11 +212,53 @@ def turn_outcome(
     return messages, finish, result, error
 
 
-def turn_end(step: LLMStep, max_out: int, *, shrunk: bool) -> tuple[TaskStatus | None, dict[str, Any] | None]:
+# The stop reasons, in the Messages API's terms every provider's are translated to, of a turn
+# that is no answer: cut off (at the output limit, or where the model's context window ran out)
+# or refused (the model declined; OpenAI's content filter, a Bedrock guardrail stopped it).
+CUT_OFF = frozenset({"max_tokens", "model_context_window_exceeded"})
+REFUSED = "refusal"
+
+
+def no_answer(step: LLMStep) -> bool:
+    """The turn is no answer, whatever it says: it must not end the task ``succeeded``, nor be
+    graded, nor be read by an output schema."""
+    return step.stop_reason in CUT_OFF or step.stop_reason == REFUSED
+
+
+def stopped_early(step: LLMStep, finish_reason: str | None = None) -> dict[str, Any] | None:
+    """The error of a turn that ends the task ``failed`` whatever the limits were: refused, or cut
+    off at the model's context window (raising the output limit would not help). It names the
+    provider's own word for why it stopped (``finish_reason``, else the step's stop reason), so a
+    caller can tell a refusal from a filter. None for any other turn."""
+    said = finish_reason or step.stop_reason
+    who = step.provider or "the provider"
+    if step.stop_reason == REFUSED:
+        return {
+            "code": "model_refused",
+            "message": f"the model's turn was stopped as a refusal ({who} said {said!r}): the model declined to "
+            "answer, or a content filter or guardrail stopped it",
+            "finish_reason": said,
+        }
+    if step.stop_reason == "model_context_window_exceeded":
+        return {
+            "code": "context_window_exceeded",
+            "message": f"the model's turn was cut off where the context window of {step.model} ran out ({who} said "
+            f"{said!r}): lower constraints.context_threshold, or leave constraints.compaction on, so the "
+            "conversation leaves room for the answer",
+            "finish_reason": said,
+        }
+    return None
+
+
+def turn_end(
+    step: LLMStep, max_out: int, *, shrunk: bool, finish_reason: str | None = None
+) -> tuple[TaskStatus | None, dict[str, Any] | None]:
     """Whether this assistant turn ends the task: tool calls go on; an answer succeeds;
     an answer cut off at the output limit is a failure that says which limit to raise
     (a truncated tool call is dropped by the provider, so it cannot be carried out), or,
-    when the limit was lowered to fit what was left of the budget, the budget ran out."""
+    when the limit was lowered to fit what was left of the budget, the budget ran out. A turn
+    refused or cut off at the context window fails the task (``stopped_early``): it was taken
+    for the answer before, and the task ended ``succeeded`` with a refusal, or nothing, for result."""
     if step.stop_reason == "max_tokens" and shrunk:
         return TaskStatus.COST_EXCEEDED, {
             "code": "budget_exceeded",
@@ -222,6 +269,9 @@ def turn_end(step: LLMStep, max_out: int, *, shrunk: bool) -> tuple[TaskStatus |
             "code": "output_truncated",
             "message": f"the model's turn was cut off at {max_out} output tokens; raise constraints.max_output_tokens",
         }
+    error = stopped_early(step, finish_reason)
+    if error is not None:
+        return TaskStatus.FAILED, error
     if step.tool_uses():
         return None, None
     return TaskStatus.SUCCEEDED, None

@@ -24,6 +24,7 @@ from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._grade import GradeTurn
 from agentq.core.engine._grade_budget import GradeBudget
 from agentq.core.engine._holds import BudgetHolds, HoldsInFlight
+from agentq.core.engine._llm_answer import stopped_early
 from agentq.core.engine._llm_call import waited_on
 from agentq.core.engine._llm_turn import LLMTurn
 from agentq.core.engine._messages import MessageTurn
@@ -303,14 +304,17 @@ class Engine:
         ended its source: ``succeeded`` with that answer (a message sent to it goes on from there,
         as one sent to its source would), or ``failed`` when the answer was cut off at the output
         limit (``output_truncated``: its dependents and callback must not take a cut answer for a
-        result). Read as already ended, the fork stayed ``running`` for good, its lease held."""
+        result), refused or cut off at the context window (``_llm_answer.stopped_early``). Read as
+        already ended, the fork stayed ``running`` for good, its lease held."""
         self._holds.release(s)
+        error = stopped_early(last)
         if last.stop_reason == "max_tokens":
             error = {
                 "code": "output_truncated",
                 "message": "the answer this fork starts from was cut off at the output limit: fork at the step "
                 "before it with a higher constraints.max_output_tokens to have it answered again",
             }
+        if error is not None:
             self.store.tasks.transition(s.task_id, TaskStatus.FAILED, lease=s.lease, error=error)
             s.task = s.task.model_copy(update={"status": TaskStatus.FAILED})
             return RunResult(s.task_id, "finished", status=TaskStatus.FAILED)

@@ -5,7 +5,8 @@ The engine speaks Messages API blocks whatever the provider (``providers/base.py
 module translates both ways and nothing else: the conversation out (a ``tool_result`` block
 becomes a ``role: tool`` message, a ``tool_use`` block a ``tool_calls`` entry whose arguments
 are JSON text), and the reply back (``tool_calls`` become ``tool_use`` blocks, the
-``finish_reason`` a Messages ``stop_reason``). The stored steps stay in one shape, so a task's
+``finish_reason`` a Messages ``stop_reason``, a ``message.refusal`` a text block whose stop reason
+is ``refusal``, as ``content_filter``'s is). The stored steps stay in one shape, so a task's
 trace, its resume and a fork read the same whoever answered.
 
 Usage: ``prompt_tokens`` counts cached tokens too (``prompt_tokens_details.cached_tokens``);
@@ -156,7 +157,7 @@ class OpenAIProvider:
 
 
 class StreamedCompletion:
-    """Chat Completions chunks put back together: the text, each tool call by its ``index``
+    """Chat Completions chunks put back together: the text (and a refusal's), each tool call by its ``index``
     (its id and name come in its first delta, its arguments in pieces), the finish reason, and
     the usage of the last chunk."""
 
@@ -166,6 +167,7 @@ class StreamedCompletion:
         self.id: str | None = None
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.refusal = ""
         self._calls: dict[int, dict[str, Any]] = {}
 
     def add(self, chunk: Any) -> bool:
@@ -183,6 +185,8 @@ class StreamedCompletion:
             if isinstance(delta.get("content"), str) and delta["content"]:
                 self.text += delta["content"]
                 added = True
+            if isinstance(delta.get("refusal"), str):
+                self.refusal += delta["refusal"]
             for call in delta.get("tool_calls") or []:
                 into = self._calls.setdefault(int(call.get("index", len(self._calls))), {"arguments": ""})
                 function = call.get("function") or {}
@@ -198,7 +202,7 @@ class StreamedCompletion:
             {"id": c.get("id"), "type": "function", "function": {"name": c.get("name"), "arguments": c["arguments"]}}
             for _, c in sorted(self._calls.items())
         ]
-        message: dict[str, Any] = {"role": "assistant", "content": self.text or None}
+        message: dict[str, Any] = {"role": "assistant", "content": self.text or None, "refusal": self.refusal or None}
         if calls:
             message["tool_calls"] = calls
         whole: dict[str, Any] = {
@@ -340,6 +344,7 @@ class _ToolCall(BaseModel):
 
 class _Message(BaseModel):
     content: str | None = None
+    refusal: str | None = None  # the model declined: its words are here, ``content`` null, finish "stop"
     tool_calls: list[_ToolCall] | None = None
 
 
@@ -398,6 +403,9 @@ def completion_response(data: dict[str, Any]) -> LLMResponse:
             raise MalformedReply(f"tool call {call.function.name!r}: arguments are not a JSON object")
         content.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": arguments})
     stop = STOP_REASONS.get(choice.finish_reason or "", choice.finish_reason)
+    if choice.message.refusal:  # read as an answer, its text dropped, it ended the task succeeded with nothing
+        content.insert(0, {"type": "text", "text": choice.message.refusal})
+        stop = "refusal"
     if stop == "end_turn" and any(b["type"] == "tool_use" for b in content):
         stop = "tool_use"  # some servers (Ollama) say "stop" for a turn that calls tools
     usage = reply.usage

@@ -1,0 +1,153 @@
+"""A turn that is no answer does not end its task ``succeeded``: a model that refused (Anthropic's
+``refusal``; OpenAI's ``content_filter``, or its ``message.refusal`` with no content; a Bedrock
+guardrail's ``guardrail_intervened``), and a turn cut off where the model's context window ran
+out (``model_context_window_exceeded``). Each was read as the final answer: the task ended
+``succeeded`` with the refusal, or nothing, for its result, and its dependents and callback
+took it for one. Now it ends ``failed`` with a code that says which (``model_refused``,
+``context_window_exceeded``) and the provider's own word for why it stopped. The same ending
+holds wherever a turn ends a task: a turn answered through a batch (economy), a task with an
+outcome (a refusal is never graded) and a fork at such a turn.
+
+Through the real SDKs against the local Messages, Chat Completions and Converse servers, on
+the in-memory twin with the real engine."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from agentq.control import operations as control
+from agentq.control.submit import parse_submission
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.core.tools import ToolRegistry
+from agentq.storage.container import Storage
+
+from tests.fake_messages_api import FakeMessagesAPI, point_anthropic_at, text_reply
+from tests.fake_model_servers import FakeChatCompletions, FakeConverse, chat_completion, converse_reply, point_boto3_at
+
+STORAGE = "memory"
+CLAUDE = "claude-sonnet-4-6"
+GPT = "gpt-4.1-mini"
+NOVA = "amazon.nova-lite-v1:0"
+NO_RETRY = json.dumps({"max_attempts": 1, "base_delay": 0, "max_delay": 0})
+
+
+def run(store: Storage, registry: ToolRegistry, task_id: str) -> Any:
+    engine = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=30))
+    return engine.run(task_id, keeper=lambda _: contextlib.nullcontext())
+
+
+@contextlib.contextmanager
+def model_server(provider: str, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> Iterator[Any]:
+    """The local server of ``provider``, with the provider pointed at it."""
+    monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", NO_RETRY)
+    if provider == "anthropic":
+        with FakeMessagesAPI(**kwargs) as server:
+            point_anthropic_at(server, monkeypatch.setenv)
+            yield server
+    elif provider == "openai":
+        with FakeChatCompletions() as server:
+            monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
+            monkeypatch.setenv("OPENAI_API_KEY", "k")
+            yield server
+    else:
+        with FakeConverse() as server:
+            point_boto3_at(server, monkeypatch.setenv)
+            yield server
+
+
+ENDINGS: list[tuple[str, str, Callable[[], Any], str, str]] = [
+    ("anthropic", CLAUDE, lambda: text_reply("", stop_reason="refusal"), "model_refused", "refusal"),
+    ("openai", GPT, lambda: chat_completion("", finish_reason="content_filter"), "model_refused", "content_filter"),
+    ("bedrock-converse", NOVA, lambda: converse_reply("The content was blocked.", stop_reason="guardrail_intervened"),
+     "model_refused", "guardrail_intervened"),
+    ("openai", GPT, lambda: chat_completion(None, refusal="I'm sorry, I can't help with that."), "model_refused",
+     "stop"),  # Chat Completions' own refusal: message.refusal, with finish_reason "stop"
+    ("anthropic", CLAUDE, lambda: text_reply("half an answ", stop_reason="model_context_window_exceeded"),
+     "context_window_exceeded", "model_context_window_exceeded"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("provider", "model", "reply", "code", "said"),
+    ENDINGS,
+    ids=["anthropic-refusal", "openai-content_filter", "converse-guardrail", "openai-message.refusal",
+         "anthropic-context_window"],
+)  # fmt: skip
+def test_a_turn_the_model_refused_or_a_filter_stopped_or_the_context_window_cut_fails_the_task_saying_which(
+    provider: str,
+    model: str,
+    reply: Callable[[], Any],
+    code: str,
+    said: str,
+    store: Storage,
+    registry: ToolRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with model_server(provider, monkeypatch) as server:
+        server.enqueue(reply())
+        submission = TaskSubmission(goal="hi", provider=provider, model=model)  # type: ignore[arg-type]
+        task = store.tasks.create(submission, tenant="t")
+        result = run(store, registry, task.task_id)
+    assert result.status is TaskStatus.FAILED, result
+    error = store.tasks.get(task.task_id).error
+    assert error is not None and error["code"] == code and error["finish_reason"] == said, error
+    assert said in error["message"]
+
+
+def test_a_refusal_answered_through_a_batch_fails_the_task_too(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An economy task's turn comes from a batch's result, committed by the same ending."""
+    with model_server("anthropic", monkeypatch, batch_seconds=0.2) as server:
+        server.enqueue(text_reply("I can't help with that.", stop_reason="refusal"))
+        body = {"goal": "hi", "provider": "anthropic", "model": CLAUDE, "constraints": {"economy": True}}
+        task = store.tasks.create(parse_submission(body), tenant="t")
+        assert run(store, registry, task.task_id).outcome == "waiting"
+        time.sleep(0.3)
+        store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the batch's poll message does
+        result = run(store, registry, task.task_id)
+    assert result.status is TaskStatus.FAILED, result
+    assert (store.tasks.get(task.task_id).error or {}).get("code") == "model_refused"
+
+
+def test_a_refusal_of_a_task_with_an_outcome_fails_it_without_grading_the_refusal(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No grading call is made (the one reply queued is the refusal): a refusal is no answer."""
+    with model_server("anthropic", monkeypatch) as server:
+        server.enqueue(text_reply("I can't help with that.", stop_reason="refusal"))
+        body = {"goal": "hi", "provider": "anthropic", "model": CLAUDE, "outcome": {"rubric": "Score 1.0 if answered."}}
+        task = store.tasks.create(parse_submission(body), tenant="t")
+        result = run(store, registry, task.task_id)
+        assert len(server.requests) == 1 and not server.unexpected
+    assert result.status is TaskStatus.FAILED, result
+    ended = store.tasks.get(task.task_id)
+    assert (ended.error or {}).get("code") == "model_refused" and ended.grade is None
+
+
+class _Queues:
+    """Stands in for TaskQueues: a fork is enqueued; here the test runs it itself."""
+
+    def send(self, *_: Any, **__: Any) -> None:
+        return None
+
+
+def test_a_fork_at_a_refused_turn_ends_failed_as_its_source_did(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with model_server("anthropic", monkeypatch) as server:
+        server.enqueue(text_reply("I can't help with that.", stop_reason="refusal"))
+        source = store.tasks.create(TaskSubmission(goal="hi", provider="anthropic", model=CLAUDE), tenant="t")
+        assert run(store, registry, source.task_id).status is TaskStatus.FAILED
+        fork = control.fork(store, registry, _Queues(), source.task_id, at_step=1, tenant="t")  # type: ignore[arg-type]
+        assert run(store, registry, fork.task_id).status is TaskStatus.FAILED
+        assert not server.requests[1:]  # the fork asked the model nothing: it ended at the copied turn
+    error = store.tasks.get(fork.task_id).error
+    assert error is not None and error["code"] == "model_refused" and error["finish_reason"] == "refusal", error
