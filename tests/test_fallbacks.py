@@ -30,6 +30,7 @@ from tests.fake_messages_api import (
     overloaded,
     point_anthropic_at,
     text_reply,
+    tool_use_reply,
 )
 from tests.fake_model_servers import FakeChatCompletions, Recorded, chat_completion
 
@@ -165,6 +166,57 @@ def test_the_hold_is_sized_on_the_dearest_of_the_tasks_models() -> None:
     assert dearest.hold_micros(1000, 1000) == claude.hold_micros(1000, 1000) > gpt.hold_micros(1000, 1000)
     assert dearest.cache_read_per_mtok == Decimal("0.3")  # Claude's reads (0.1 x $3) cost more than GPT's ($0.10)
     assert prices.dearest(["no-such-model", CLAUDE]) is None  # the task's own model must be priced
+
+
+class _Fanout:
+    """Step Functions' part of a spawn (the child is run by hand)."""
+
+    def start(self, *, parent: Any, spawn_id: str, children: list[Any], max_concurrency: int) -> str:
+        return "arn:aws:states:local:000000000000:execution:fanout:1"
+
+    def child_finished(self, task_token: str, task_id: str, status: TaskStatus) -> None:
+        return None
+
+
+def test_a_sub_agent_falls_over_to_its_parents_fallback_under_a_hold_sized_on_the_dearest_model(
+    models: tuple[Claude, FakeMessagesAPI, FakeChatCompletions], store: Storage, registry: ToolRegistry
+) -> None:
+    """A child took its parent's model but not its fallbacks: in the outage the parent's fallback
+    answers, its sub-agents failed (or waited on the open circuit). The child's hold is priced
+    on the dearest of its models (Claude's), whichever answers."""
+    from agentq.control.submit import parse_submission
+    from agentq.core.fanout import SpawnInput, plan_children
+
+    _, anthropic_api, openai_api = models
+    spawned = iter([tool_use_reply("spawn_subagents", {"subagents": [{"goal": "one"}]})])
+    anthropic_api.responder = lambda _: next(spawned, None) or overloaded()  # down after the spawn
+    holds: list[Any] = []
+
+    def gpt(_: Recorded) -> Any:
+        holds.append(store.tasks.get(child_id).inflight)  # the child's hold, while its call is in flight
+        return chat_completion("child done")
+
+    openai_api.responder = gpt
+    body = {**TASK, "constraints": {"tools": ["spawn_subagents"], "max_tokens": 100_000}}
+    parent = store.tasks.create(parse_submission(body), tenant="t")
+    (plan,) = plan_children(parent, "toolu_1", SpawnInput.model_validate({"subagents": [{"goal": "one"}]}), 50_000)
+    assert plan.submission.fallbacks == parent.submission.fallbacks
+    spawning = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=5), fanout=_Fanout())
+    assert spawning.run(parent.task_id).status is TaskStatus.WAITING
+    spawn = call_steps(store, parent.task_id)[-1].content[-1]["id"]
+    record = store.spawns.get(parent.task_id, spawn)
+    assert record is not None
+    (child_id,) = record.children
+    assert store.tasks.get(child_id).submission.fallbacks == parent.submission.fallbacks
+    assert engine(store, registry, "w2").run(child_id).status is TaskStatus.SUCCEEDED
+    (answered,) = call_steps(store, child_id)
+    assert (answered.provider, answered.model) == ("openai", GPT) and answered.fallback_from is not None
+    prices = load_price_table()
+    claude, gpt_price = prices.price_for(CLAUDE), prices.price_for(GPT)
+    (held,) = holds
+    assert claude is not None and gpt_price is not None and held is not None
+    # every token of it at no less than Claude's input rate: more than any split of it costs at GPT's
+    assert held.micros >= claude.hold_micros(held.amount, 0) > gpt_price.hold_micros(0, held.amount)
 
 
 @pytest.mark.parametrize(

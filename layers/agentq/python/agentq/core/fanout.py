@@ -179,6 +179,10 @@ def plan_children(
             system=sub.system if sub.system is not None else parent.submission.system,
             provider=parent.submission.provider,
             model=parent.submission.model,
+            # and the parent's fallbacks: a child with only the first model failed (or waited on
+            # its open circuit) in the outage its parent's fallback answers; its holds are sized
+            # on the dearest of them all, as its parent's are (``_holds._price``)
+            fallbacks=list(parent.submission.fallbacks),
             script=sub.script,
             constraints=Constraints(
                 max_tokens=share,
