@@ -597,3 +597,27 @@ def test_retry_after_parses_seconds_millis_and_http_dates() -> None:
     assert retry_after_seconds({"retry-after": "Wed, 21 Oct 2015 07:28:10 GMT"}, now=lambda: 1445412480.0) == 10.0
     assert retry_after_seconds({"retry-after": "soon"}) is None
     assert retry_after_seconds({}) is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        ('{"max_attempt": 3}', "max_attempt: Extra inputs are not permitted"),
+        ('{"max_attempts": 0}', "max_attempts: Input should be greater than or equal to 1"),
+        ('{"base_delay": 5, "max_delay": 1}', "base_delay must not exceed max_delay"),
+        ("five", "not JSON"),
+        ("[5]", "Input should be a valid dictionary"),
+    ],
+)
+def test_a_bad_provider_retry_setting_is_refused_at_startup_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, raw: str, said: str
+) -> None:
+    """Read when a provider is built: left to then, every task failed at its first model call as
+    ``processing_failed`` with pydantic's ValidationError, and no worker said why at startup."""
+    from agentq.control.defaults import ConfigurationError
+    from agentq.runtime import Settings, engine_config
+
+    monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", raw)
+    with pytest.raises(ConfigurationError, match="AGENTQ_PROVIDER_RETRY") as caught:
+        engine_config(Settings.for_prefix("agentq-test", None, region="us-east-1"))
+    assert said in str(caught.value) and caught.value.field == "AGENTQ_PROVIDER_RETRY"

@@ -215,6 +215,7 @@ def engine_config(settings: Settings, **kwargs: Any) -> EngineConfig:
     kwargs.setdefault("workspace_quota", settings.defaults.workspace_quota())
     kwargs.setdefault("policy_cache_seconds", policy_cache_seconds())
     check_stream_above()
+    check_provider_retry()
     return EngineConfig(default_tenant_limits=settings.defaults.tenant_limits(), **kwargs)
 
 
@@ -285,6 +286,18 @@ def check_stream_above() -> None:
         stream_above()
     except ValueError as exc:
         raise ConfigurationError(str(exc), field=STREAM_ABOVE_VARIABLE) from None
+
+
+def check_provider_retry() -> None:
+    """``AGENTQ_PROVIDER_RETRY`` is read when a provider is built, at every task's first model
+    call (``core.providers.retry.RetryPolicy.from_env``): a bad value is refused here, at
+    startup, naming the variable, rather than failing every task as ``processing_failed``."""
+    from agentq.core.providers.retry import RETRY_VARIABLE, RetryPolicy
+
+    try:
+        RetryPolicy.from_env()
+    except ValueError as exc:
+        raise ConfigurationError(str(exc), field=RETRY_VARIABLE) from None
 
 
 UNKNOWN_RECHECK_VARIABLE = "AGENTQ_UNKNOWN_RECHECK_SECONDS"

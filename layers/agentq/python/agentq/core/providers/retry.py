@@ -26,13 +26,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentq.core.errors import ProviderError
 from agentq.core.models import repeated_tool_use_id
 from agentq.core.providers.base import RetryNotice, check_cut, pause, report_retry
 
 T = TypeVar("T")
+
+RETRY_VARIABLE = "AGENTQ_PROVIDER_RETRY"
 
 # 408 and 409 go beyond the usual 429/529/5xx, but the API uses them for request and lock
 # timeouts, which clear up by themselves; the SDK's own policy retries them too.
@@ -105,9 +107,22 @@ class RetryPolicy(BaseModel):
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
-        """``AGENTQ_PROVIDER_RETRY`` (JSON of these fields) or the defaults."""
-        raw = os.environ.get("AGENTQ_PROVIDER_RETRY", "").strip()
-        return cls.model_validate(json.loads(raw)) if raw else cls()
+        """``AGENTQ_PROVIDER_RETRY`` (JSON of these fields) or the defaults; ValueError naming the
+        variable and what is wrong with it (``runtime.check_provider_retry`` refuses it at startup,
+        before every task fails at its first model call with pydantic's words for it)."""
+        raw = os.environ.get(RETRY_VARIABLE, "").strip()
+        if not raw:
+            return cls()
+        fields = ", ".join(cls.model_fields)
+        try:
+            return cls.model_validate(json.loads(raw))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{RETRY_VARIABLE}: not JSON ({exc.msg} at char {exc.pos}); a JSON object of "
+                             f"{fields}") from None  # fmt: skip
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "the value"
+            raise ValueError(f"{RETRY_VARIABLE}: {where}: {first['msg']} (a JSON object of {fields})") from None
 
     @model_validator(mode="after")
     def _base_within_max(self) -> RetryPolicy:
