@@ -185,6 +185,39 @@ def test_a_server_that_is_not_there_is_a_retryable_unreachable_error() -> None:
     assert caught.value.retryable and caught.value.code == "provider_unreachable" and caught.value.attempts == 2
 
 
+@pytest.mark.parametrize(
+    ("provider_name", "variable", "value"),
+    [
+        ("openai", "OPENAI_BASE_URL", "127.0.0.1:9/v1"),
+        ("openai", "OPENAI_BASE_URL", "localhost:8000/v1"),  # its host read as a scheme
+        ("openai", "OPENAI_BASE_URL", ""),
+        ("anthropic", "ANTHROPIC_BASE_URL", "127.0.0.1:9"),
+        ("bedrock", "AGENTQ_BEDROCK_BASE_URL", "ftp://127.0.0.1:9"),
+        ("bedrock-converse", "AWS_ENDPOINT_URL_BEDROCK_RUNTIME", "127.0.0.1:9"),
+    ],
+)
+def test_a_base_url_without_a_scheme_is_a_configuration_error_naming_its_variable(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch, provider_name: str, variable: str,
+    value: str,
+) -> None:  # fmt: skip
+    """Before, the SDK took it for a path (or its host for a scheme) and every call failed as a
+    connection error: an outage to the retries, the model's circuit and the fallbacks, for a
+    setting no retry fixes (Converse's botocore: a bare ValueError, ``processing_failed``)."""
+    for name, setting in (("OPENAI_API_KEY", "k"), ("ANTHROPIC_API_KEY", "k"), ("AWS_REGION", "us-east-1"),
+                          (variable, value)):  # fmt: skip
+        monkeypatch.setenv(name, setting)
+    model = {"openai": MODEL, "bedrock-converse": "amazon.nova-lite-v1:0"}.get(provider_name, "claude-sonnet-4-6")
+    submission = TaskSubmission(goal="hi", provider=provider_name, model=model)  # type: ignore[arg-type]
+    with pytest.raises(ProviderError) as caught:
+        default_provider_factory(submission)
+    failed = caught.value
+    assert (failed.code, failed.retryable) == ("invalid_base_url", False)
+    assert variable in failed.message and repr(value) in failed.message
+    task = store.tasks.create(submission, tenant="t")
+    result = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(task.task_id)
+    assert result.status is TaskStatus.FAILED and (result.error or {}).get("code") == "invalid_base_url", result
+
+
 def test_without_a_key_or_a_local_server_the_provider_fails_before_any_call(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(ProviderError) as caught:

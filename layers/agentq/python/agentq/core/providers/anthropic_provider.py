@@ -36,6 +36,7 @@ from agentq.core.providers.base import (
     LLMResponse,
     attempt_timeout,
     check_cut,
+    checked_base_url,
     pause,
     report_text,
     report_usage,
@@ -60,6 +61,10 @@ from agentq.core.providers.shared_clients import anthropic_bedrock_client, anthr
 BLOCK_KEYS = ("type", "text", "id", "name", "input", "thinking", "signature", "data",
               "content", "encrypted_content", "tool_changes")  # fmt: skip
 NATIVE_COMPACTION_BETA = "compact-2026-01-12"
+
+BASE_URL_VARIABLE = "ANTHROPIC_BASE_URL"
+BEDROCK_BASE_URL_VARIABLE = "AGENTQ_BEDROCK_BASE_URL"  # the factory's (``providers.default_provider_factory``)
+SDK_BEDROCK_BASE_URL_VARIABLE = "ANTHROPIC_BEDROCK_BASE_URL"  # the SDK's own, read when no base URL is given
 
 DEFAULT_TIMEOUT_SECONDS = DEFAULT_MAX_CALL_SECONDS  # AGENTQ_MAX_CALL_SECONDS overrides it (providers/base.py)
 
@@ -270,6 +275,8 @@ class AnthropicProvider(_MessagesProvider):
                     retryable=False,
                     code="missing_api_key",
                 )
+            given = base_url if base_url is not None else os.environ.get(BASE_URL_VARIABLE)
+            checked_base_url(given, BASE_URL_VARIABLE, self.name)
             client = anthropic_client(api_key, base_url, timeout)
         super().__init__(client, retry or RetryPolicy.from_env(), sleep, rng, timeout)
 
@@ -362,6 +369,9 @@ class BedrockProvider(_MessagesProvider):
         rng: random.Random | None = None,
     ) -> None:
         if client is None:
+            # the factory's AGENTQ_BEDROCK_BASE_URL, else the SDK reads its own variable
+            named = BEDROCK_BASE_URL_VARIABLE if base_url is not None else SDK_BEDROCK_BASE_URL_VARIABLE
+            checked_base_url(base_url if base_url is not None else os.environ.get(named), named, self.name)
             client = anthropic_bedrock_client(aws_region, base_url, timeout)
         super().__init__(client, retry or RetryPolicy.from_env(), sleep, rng, timeout)
 

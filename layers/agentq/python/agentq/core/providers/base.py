@@ -11,6 +11,7 @@ import contextlib
 import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
-from agentq.core.errors import CallCut
+from agentq.core.errors import CallCut, ProviderError
 from agentq.core.models import Usage
 
 
@@ -85,6 +86,26 @@ class RemoteProvider(Protocol):
 
     @property
     def endpoint(self) -> str | None: ...
+
+
+def checked_base_url(url: str | None, variable: str, provider: str) -> str | None:
+    """``url`` (None: none given, the SDK's default), once it is a URL a client can call: an
+    ``http://`` or ``https://`` one with a host. Without its scheme (``127.0.0.1:9/v1``,
+    ``localhost:8000``) the SDK took it for a path, or its host for a scheme, and every call
+    failed as a connection error: an outage, retried, counted on the model's circuit and fallen
+    over from, for a setting no retry fixes. Refused when the provider is built, naming
+    ``variable``, as a failure no retry can fix (``invalid_base_url``)."""
+    if url is None:
+        return None
+    parsed = urllib.parse.urlsplit(url.strip())
+    if parsed.scheme.lower() in ("http", "https") and parsed.hostname:
+        return url
+    raise ProviderError(
+        f"{provider}: {variable} is {url[:200]!r}, not a URL a client can call: give its scheme and host "
+        "(https://host/path, or http:// for a local server), or unset it for the provider's own",
+        retryable=False,
+        code="invalid_base_url",
+    )
 
 
 BATCH_PRICE_RATIO = Decimal("0.5")  # a batched call costs half the list price

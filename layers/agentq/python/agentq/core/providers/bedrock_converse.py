@@ -47,6 +47,7 @@ from agentq.core.providers.base import (
     LLMRequest,
     LLMResponse,
     check_cut,
+    checked_base_url,
     pause,
     report_text,
     stream_above,
@@ -78,7 +79,7 @@ def converse_endpoint(region: str | None = None) -> str | None:
     process signs with the local stack's placeholder credentials, which Bedrock itself refuses."""
     named = os.environ.get(ENDPOINT_VARIABLE, "").strip()
     if named:
-        return named
+        return checked_base_url(named, ENDPOINT_VARIABLE, "bedrock-converse")  # botocore: a bare ValueError
     everything = os.environ.get(EVERY_SERVICE_VARIABLE, "").strip()
     if everything:
         raise ProviderError(

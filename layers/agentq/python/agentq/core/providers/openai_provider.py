@@ -42,6 +42,7 @@ from agentq.core.providers.base import (
     LLMResponse,
     attempt_timeout,
     check_cut,
+    checked_base_url,
     pause,
     report_text,
     stream_above,
@@ -99,6 +100,8 @@ class OpenAIProvider:
                     retryable=False,
                     code="missing_api_key",
                 )
+            given = base_url if base_url is not None else os.environ.get(BASE_URL_VARIABLE)
+            checked_base_url(given, BASE_URL_VARIABLE, self.name)
             client = openai_client(key or "not-needed", base_url, timeout)
         elif client.max_retries != 0:
             client = client.with_options(max_retries=0)
