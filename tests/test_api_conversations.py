@@ -3,6 +3,8 @@ refusal with its status, code and field; tenant isolation."""
 
 from __future__ import annotations
 
+from agentq.core.models import TaskStatus
+
 from tests.test_api_routes import SUB, Api, api, error
 
 __all__ = ["api"]  # the module-scoped deployment of tests/test_api_routes.py
@@ -34,6 +36,24 @@ def test_a_retried_send_with_the_same_idempotency_key_sends_nothing_twice(api: A
     other = api.call("POST", f"/tasks/{task_id}/messages", {"text": "other"}, headers={"Idempotency-Key": "m-1"})
     assert other[0] == 409 and error(other[1])["code"] == "idempotency_conflict"
     assert len(api.call("GET", f"/tasks/{task_id}/messages")[1]["messages"]) == 1
+
+
+def test_a_retried_send_that_raises_the_budget_raises_it_once_and_a_refused_one_raises_nothing(api: Api) -> None:
+    task_id = api.submit(TWO_TURNS)
+    lease, _ = api.store.tasks.claim(task_id, "w", 5)  # type: ignore[misc]
+    api.store.tasks.transition(task_id, TaskStatus.COST_EXCEEDED, lease=lease)
+    cap = api.store.budgets.get(task_id).cap
+    raising = {"text": "more", "add_tokens": 1000}
+    first = api.call("POST", f"/tasks/{task_id}/messages", raising, headers={"Idempotency-Key": "once"})
+    again = api.call("POST", f"/tasks/{task_id}/messages", raising, headers={"Idempotency-Key": "once"})
+    assert first[0] == again[0] == 202 and first[1]["reopened"] is True and again[1]["replayed"] is True
+    more = {"text": "more", "add_tokens": 2000}
+    other = api.call("POST", f"/tasks/{task_id}/messages", more, headers={"Idempotency-Key": "once"})
+    assert other[0] == 409 and error(other[1])["code"] == "idempotency_conflict"
+    assert api.call("POST", f"/tasks/{task_id}/close")[0] == 200
+    refused = api.call("POST", f"/tasks/{task_id}/messages", raising)
+    assert refused[0] == 409 and error(refused[1])["code"] == "message_refused"
+    assert api.store.budgets.get(task_id).cap == cap + 1000  # once, by the message that was taken
 
 
 def test_bad_messages_are_refused_with_the_field_named_and_change_nothing(api: Api) -> None:

@@ -499,3 +499,66 @@ def test_a_fork_at_a_later_exchange_carries_the_messages_and_goes_on_as_a_conver
     assert texts_sent(later.requests[0])[-2:] == ["go on", "and in the fork?"]  # both exchanges, in order
     assert store.tasks.get(forked.task_id).result == "third"
     assert [m.text for m in store.messages.listed(source.task_id)] == ["go on"]  # the source is its own
+
+
+def _out_of_budget(store: Storage, **update: Any) -> str:
+    """A task that stopped cost_exceeded (its budget 3,000 tokens), as the engine leaves one."""
+    sub = scripted([{"text": "x" * 400}, {"text": "fine"}], max_tokens=3000).model_copy(update=update)
+    task = store.tasks.create(sub, tenant="t")
+    lease, _ = store.tasks.claim(task.task_id, "w", 5)  # type: ignore[misc]
+    store.tasks.transition(task.task_id, TaskStatus.COST_EXCEEDED, lease=lease)
+    return task.task_id
+
+
+def test_a_retried_send_that_raises_the_budget_raises_it_once_and_a_different_raise_under_its_key_conflicts(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    task = store.tasks.create(scripted([{"text": "first"}, {"text": "second"}]), tenant="t")
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+    cap = store.budgets.get(task.task_id).cap
+    first = send_message(store, Queues(), task.task_id, "more", tenant="t", idempotency_key="once", add_tokens=1000)
+    # The Python client retries this POST itself on a 502, 503 or 504: its retry raises nothing again.
+    again = send_message(store, Queues(), task.task_id, "more", tenant="t", idempotency_key="once", add_tokens=1000)
+    assert again.replayed and again.message == first.message
+    assert store.budgets.get(task.task_id).cap == cap + 1000
+    with pytest.raises(IdempotencyConflict):  # the key names the raise too, not the text alone
+        send_message(store, Queues(), task.task_id, "more", tenant="t", idempotency_key="once", add_tokens=9000)
+    assert store.budgets.get(task.task_id).cap == cap + 1000
+
+
+def test_a_message_refused_by_a_closed_conversation_raises_no_budget_and_resumes_no_task(store: Storage) -> None:
+    task_id = _out_of_budget(store)
+    close(store, task_id, tenant="t")
+    queues = Queues()
+    with pytest.raises(MessageRefused, match="closed"):
+        send_message(store, queues, task_id, "go on", tenant="t", add_tokens=5000, add_steps=5)
+    after = store.tasks.get(task_id)
+    assert after.status is TaskStatus.COST_EXCEEDED and queues.sent == []  # not resumed
+    assert store.budgets.get(task_id).cap == 3000 and after.submission.constraints.max_steps == 50
+    assert after.messages_received == 0
+
+
+def test_a_raise_refused_with_its_message_by_double_texting_reject_changes_nothing(store: Storage) -> None:
+    sub = scripted([{"text": "one"}]).model_copy(update={"double_texting": "reject"})
+    task = store.tasks.create(sub, tenant="t")  # queued: busy
+    cap = store.budgets.get(task.task_id).cap
+    with pytest.raises(MessageRefused, match="double_texting: reject"):
+        send_message(store, Queues(), task.task_id, "hurry", tenant="t", add_tokens=1000)
+    assert store.budgets.get(task.task_id).cap == cap
+
+
+def test_an_out_of_budget_task_that_rejects_double_texts_takes_the_follow_up_carrying_the_raise(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    task_id = _out_of_budget(store, double_texting="reject")
+    queues = Queues()
+    sent = send_message(store, queues, task_id, "go on", tenant="t", add_tokens=5000)
+    assert sent.reopened and sent.status is TaskStatus.QUEUED and sent.message.seq == 1
+    assert queues.sent == [task_id] and store.budgets.get(task_id).cap == 8000
+    head = store.events.head(task_id)
+    assert head is not None
+    logged = [(e.type, e.data.get("status")) for e in store.events.read(task_id, head, None)]
+    # One write raised the budget and took the message that resumed the task: both logged by it, in order.
+    assert logged[-2:] == [("budget.raised", None), ("message.received", "queued")]
+    assert engine(store, registry).run(task_id).status is TaskStatus.SUCCEEDED
+    assert store.tasks.get(task_id).messages_delivered == 1

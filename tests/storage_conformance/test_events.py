@@ -140,6 +140,29 @@ def test_an_event_racing_a_step_commit_is_written_once_after_that_step(backend: 
     assert [(int(i["seq"]), int(i["after_step"])) for i in logged] == [(1, 2)]
 
 
+def test_events_logged_by_one_write_take_the_next_places_in_order_after_a_step_it_raced(backend: Storage) -> None:
+    lease = claimed(backend)
+    backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id)
+    racing = _StepCommitsFirst(
+        backend.table, lambda: backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id)
+    )
+    logged_transact(
+        racing,  # type: ignore[arg-type]
+        lease.task_id,
+        [Check("meta", keys.meta_key(lease.task_id), present())],
+        [NewEvent("budget.raised", {"n": 1}), NewEvent("message.received", {"n": 2})],  # a message with its raise
+    )
+    events = _all(backend, lease.task_id)
+    assert [(e.type, e.data.get("n")) for e in events[-4:]] == [
+        ("step", None), ("step", None), ("budget.raised", 1), ("message.received", 2),
+    ]  # fmt: skip
+    logged = backend.table.query(keys.task_pk(lease.task_id), prefix=keys.EVENT)
+    assert [(int(i["seq"]), int(i["after_step"])) for i in logged] == [(1, 2), (2, 2)]
+    for i, event in enumerate(events):  # each one a place of its own to resume from
+        rest = _all(backend, lease.task_id, Position.parse(str(event.position)))
+        assert [e.position for e in rest] == [e.position for e in events[i + 1 :]]
+
+
 def test_a_refused_transition_logs_nothing(backend: Storage) -> None:
     task_id = _a_finished_task(backend)
     before = _all(backend, task_id)

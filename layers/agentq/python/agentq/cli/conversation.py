@@ -289,7 +289,9 @@ def register(sub: Any) -> None:
     send = remote(add_command(sub, "send", "send a task a message (a follow-up to an answered task continues it)"))
     send.add_argument("task_id")
     send.add_argument("text", help="the message; - reads it from stdin")
-    send.add_argument("--add-tokens", type=int, default=0, help="raise the task's token cap first")
+    send.add_argument(
+        "--add-tokens", type=int, default=0, help="raise the task's token cap with the message (only if it is taken)"
+    )
     send.add_argument("--idempotency-key", help="a retry with the same key sends nothing twice")
     add_wait(send, "wait for the agent's answer and print it")
     send.set_defaults(func=_cmd_send)

@@ -13,14 +13,15 @@ import logging
 from decimal import Decimal
 
 from agentq import observe
-from agentq.control.operations import owned_task, raise_budget
-from agentq.core.errors import IllegalTransition, ValidationError
+from agentq.control.operations import owned_task, planned_raise
+from agentq.core.errors import ValidationError
 from agentq.core.models import MAX_MESSAGE_CHARS, TaskStatus, UserMessage
 from agentq.core.stops import ScopeStopped, stop_covering
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.webhooks import enqueue_event
+from agentq.storage.budget_items import BudgetRaise
 from agentq.storage.container import Storage
-from agentq.storage.messages import REFUSALS, Accepted, refusal
+from agentq.storage.messages import Accepted
 
 log = logging.getLogger("agentq.control")
 
@@ -38,8 +39,10 @@ def send_message(
     add_usd: Decimal = Decimal(0),
 ) -> Accepted:
     """Give ``text`` to the task (see the module); ``add_tokens``, ``add_steps`` and ``add_usd``
-    raise its caps first, which is how a task that ran out of budget takes a follow-up (and how a
-    long conversation gets more turns)."""
+    raise its caps with it, which is how a task that ran out of budget takes a follow-up (and how
+    a long conversation gets more turns). The raise is written by the very write that accepts the
+    message (``storage.messages``), after its checks and its idempotency key's: a refused message
+    raises nothing, and a retry of one that was taken raises nothing again."""
     if not text.strip():
         raise ValidationError("text must not be empty", field="text")
     if len(text) > MAX_MESSAGE_CHARS:
@@ -49,19 +52,16 @@ def send_message(
     stop = stop_covering(store.stops.list(task.tenant), task)
     if stop is not None:  # a follow-up would start work in a stopped scope
         raise ScopeStopped(stop)
+    raised: BudgetRaise | None = None
     if add_tokens or add_steps or add_usd:
-        if task.status in REFUSALS and task.status is not TaskStatus.COST_EXCEEDED:
-            raise IllegalTransition(
-                f"task {task_id} takes no messages: {refusal(task_id, task.status, task.error)}", field="task_id"
-            )
-        raise_budget(store, queues, task_id, add_tokens=add_tokens, add_steps=add_steps, add_usd=add_usd,
-                     tenant=tenant, any_status=True)  # fmt: skip
+        raised = planned_raise(task, add_tokens=add_tokens, add_steps=add_steps, add_usd=add_usd)
     accepted: Accepted = store.messages.accept(
         task_id,
         text,
         tenant=tenant,
         idempotency_key=idempotency_key,
         double_texting=task.submission.double_texting,
+        raised=raised,
     )
     if accepted.reopened:
         queues.send(task_id, task.submission.priority, tenant=task.tenant)

@@ -25,6 +25,7 @@ from agentq.queueing.dispatch import delay_seconds
 from agentq.queueing.endings import task_ended
 from agentq.queueing.queues import TaskQueues
 from agentq.storage import fleet_slots
+from agentq.storage.budget_items import BudgetRaise
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import RunningSlots
 from agentq.storage.table import TransactionConflict
@@ -236,24 +237,13 @@ def raise_budget(
     add_steps: int = 0,
     add_usd: Decimal = Decimal(0),
     tenant: str | None = None,
-    any_status: bool = False,
 ) -> Task:
     """Raise a root task's token cap (and optionally its step cap and its money cap); a task
-    that stopped with ``cost_exceeded`` resumes from its checkpoint. ``any_status``: also an
-    answered task's, for the follow-up message that comes with the raise (``control.conversations``)."""
-    if add_tokens < 0 or add_steps < 0 or add_usd < 0 or not (add_tokens or add_steps or add_usd):
-        raise ValidationError("add_tokens, add_steps and add_usd must be >= 0 and not all 0", field="add_tokens")
+    that stopped with ``cost_exceeded`` resumes from its checkpoint. A raise that comes with a
+    message is written with the message instead (``control.conversations``)."""
     task = owned_task(store, task_id, tenant)
-    if add_usd and task.submission.constraints.max_cost_usd is None:
-        raise ValidationError(
-            f"task {task_id} has no money budget (constraints.max_cost_usd) to raise", field="add_usd"
-        )
-    if task.root_id != task.task_id:
-        raise ValidationError(
-            "budgets are raised on the root task; a sub-agent's share comes from its parent", field="task_id"
-        )
-    raisable = (TaskStatus.COST_EXCEEDED, TaskStatus.SUCCEEDED) if any_status else (TaskStatus.COST_EXCEEDED,)
-    if task.status.terminal and task.status not in raisable:
+    more = planned_raise(task, add_tokens=add_tokens, add_steps=add_steps, add_usd=add_usd)
+    if task.status.terminal and task.status is not TaskStatus.COST_EXCEEDED:
         raise IllegalTransition(
             f"task {task_id} is {task.status.value}; only a running or cost_exceeded task can get more budget",
             field="task_id",
@@ -264,21 +254,40 @@ def raise_budget(
         raise IllegalTransition(
             f"task {task_id} is {task.status.value} and its retention ran out; it is being deleted", field="task_id"
         )
-    if add_steps or add_usd:
-        sub = task.submission.model_copy(deep=True)
-        sub.constraints.max_steps += add_steps
-        if add_steps and sub.own_fields is not None:  # its owner's now: a move keeps it (control.aliases)
-            sub.own_fields = sorted({*sub.own_fields, "constraints.max_steps"})
-        if add_usd and sub.constraints.max_cost_usd is not None:
-            sub.constraints.max_cost_usd += add_usd
-        TaskSubmission.model_validate(sub.model_dump())  # the raised caps must still be valid
-        store.tasks.replace_submission(task_id, sub, when_status=task.status)
-    if add_tokens or add_usd:
-        store.budgets.raise_cap(task_id, add_tokens, micros(add_usd))
+    if more.submission is not None:
+        store.tasks.replace_submission(task_id, more.submission, when_status=task.status)
+    if more.tokens or more.micros:
+        store.budgets.raise_cap(task_id, more.tokens, more.micros)
     if task.status is TaskStatus.COST_EXCEEDED:
         store.tasks.transition(task_id, TaskStatus.QUEUED, reopen=True)
         queues.send(task_id, task.submission.priority, tenant=task.tenant)
     return store.tasks.get(task_id)
+
+
+def planned_raise(task: Task, *, add_tokens: int, add_steps: int = 0, add_usd: Decimal = Decimal(0)) -> BudgetRaise:
+    """What raising ``task``'s caps writes, checked against what cannot change: the amounts, a
+    money cap to raise, a root task. Whether its status takes a raise is the writer's to check,
+    at the write (``raise_budget``; a message's accept, which checks its idempotency key first)."""
+    if add_tokens < 0 or add_steps < 0 or add_usd < 0 or not (add_tokens or add_steps or add_usd):
+        raise ValidationError("add_tokens, add_steps and add_usd must be >= 0 and not all 0", field="add_tokens")
+    if add_usd and task.submission.constraints.max_cost_usd is None:
+        raise ValidationError(
+            f"task {task.task_id} has no money budget (constraints.max_cost_usd) to raise", field="add_usd"
+        )
+    if task.root_id != task.task_id:
+        raise ValidationError(
+            "budgets are raised on the root task; a sub-agent's share comes from its parent", field="task_id"
+        )
+    raised: TaskSubmission | None = None
+    if add_steps or add_usd:
+        raised = task.submission.model_copy(deep=True)
+        raised.constraints.max_steps += add_steps
+        if add_steps and raised.own_fields is not None:  # its owner's now: a move keeps it (control.aliases)
+            raised.own_fields = sorted({*raised.own_fields, "constraints.max_steps"})
+        if add_usd and raised.constraints.max_cost_usd is not None:
+            raised.constraints.max_cost_usd += add_usd
+        TaskSubmission.model_validate(raised.model_dump())  # the raised caps must still be valid
+    return BudgetRaise(tokens=add_tokens, micros=micros(add_usd), steps=add_steps, submission=raised)
 
 
 def fork(

@@ -7,16 +7,46 @@ decoding (``storage.tasks``, ``storage.task_items``) and the budget's own writes
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr, ConditionBase
 
+from agentq.core.models import TaskSubmission
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import BudgetState, Reservation
-from agentq.storage.table import Item, plain
+from agentq.storage.table import Item, Update, plain, present
 
 SETTLED = "budget_settled"
+
+
+@dataclass(frozen=True)
+class BudgetRaise:
+    """More budget for a root task, checked (``control.operations.planned_raise``): ``tokens``
+    and ``micros`` (millionths of a dollar) added to the budget on its META, and ``submission``
+    as raised when its step or money cap grows (``steps`` more steps; None: it stays). Written by
+    ``Budgets.raise_cap``, or in the very write that accepts the message it comes with
+    (``storage.messages``), so a refused message raises nothing and its retry nothing twice."""
+
+    tokens: int = 0
+    micros: int = 0
+    steps: int = 0
+    submission: TaskSubmission | None = None
+
+    def update(self) -> Update:
+        """The ADDs to META's budget (``cap``/``available``, ``usd_cap``/``usd_available``)."""
+        return Update(add={"cap": self.tokens, "available": self.tokens, "usd_cap": self.micros,
+                           "usd_available": self.micros})  # fmt: skip
+
+    @staticmethod
+    def condition() -> ConditionBase:
+        """The task has a budget of its own to raise (not one settled into its parent's)."""
+        return present() & Attr("cap").exists() & Attr(SETTLED).not_exists()
+
+    def event_data(self) -> dict[str, int]:
+        """What its ``budget.raised`` event says."""
+        return {"add_tokens": self.tokens, "add_usd_micros": self.micros}
 
 
 def budget_attrs(cap: int, cap_micros: int = NO_MONEY_CAP) -> dict[str, Any]:

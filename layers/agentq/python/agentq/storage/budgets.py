@@ -60,6 +60,7 @@ from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState, Reservation
 from agentq.storage import keys
 from agentq.storage.budget_items import (
     SETTLED,
+    BudgetRaise,
     as_read,
     budget_state,
     lapsed_name,
@@ -459,15 +460,9 @@ class Budgets:
     def raise_cap(self, task_id: str, add_tokens: int, add_micros: int = 0) -> BudgetState:
         """Raise the task's own budget; logged as a ``budget.raised`` event with the write.
         Raises ``ConditionFailed`` when the task has no budget of its own left to raise."""
-        raised = Patch(
-            "meta",
-            keys.meta_key(task_id),
-            Update(
-                add={"cap": add_tokens, "available": add_tokens, "usd_cap": add_micros, "usd_available": add_micros}
-            ),
-            present() & Attr("cap").exists() & Attr(SETTLED).not_exists(),
-        )
-        event = NewEvent("budget.raised", {"add_tokens": add_tokens, "add_usd_micros": add_micros})
+        more = BudgetRaise(tokens=add_tokens, micros=add_micros)
+        raised = Patch("meta", keys.meta_key(task_id), more.update(), more.condition())
+        event = NewEvent("budget.raised", more.event_data())
         try:
             logged_transact(self.table, task_id, [raised], event)
         except TransactionCancelled as exc:

@@ -155,13 +155,15 @@ def logged_transact(
     table: Table,
     task_id: str,
     actions: Sequence[Action],
-    event: NewEvent,
+    event: NewEvent | Sequence[NewEvent],
     *,
     meta: str = "meta",
     retry_moved: bool = True,
     read: Item | None = None,
 ) -> Item | None:
     """Run ``actions`` as one transaction that also logs ``event``; returns META as read before.
+    ``event`` may be several, logged in order by the same write (a message that raises the
+    budget: ``budget.raised`` then ``message.received``), as one change that is two to a watcher.
 
     ``actions`` must hold exactly one action on the task's META, named ``meta`` (a ``Patch`` or
     a ``Check``): it gets ``seq = :s + 1`` and the condition ``seq = :s AND step = :k`` merged
@@ -189,14 +191,16 @@ def logged_transact(
             table.transact(_logged(task_id, actions, event, head, meta=meta, pinned=pinned))
             return current
         except TransactionCancelled as exc:
-            if meta not in exc.failed and "event" not in exc.failed:
+            logged = exc.failed & _event_names("event", len(_events(event)))
+            if meta not in exc.failed and not logged:
                 raise
             now = table.get(key)
             moved = now is not None and (int(now.get("step", 0)), int(now.get("seq", 0))) != _counters(head)
             moved = moved or (pinned and now is not None and now.get("status") != head.get("status"))
             if not moved or not retry_moved:
-                raise TransactionCancelled(exc.failed - {"event"} or frozenset({meta})) from exc
-    raise RuntimeError(f"task {task_id} kept moving: its event {event.type!r} was not written")
+                raise TransactionCancelled(exc.failed - logged or frozenset({meta})) from exc
+    types = [e.type for e in _events(event)]
+    raise RuntimeError(f"task {task_id} kept moving: its events {types} were not written")
 
 
 @dataclass(frozen=True)
@@ -235,10 +239,17 @@ def _counters(head: Mapping[str, Any]) -> tuple[int, int]:
     return int(head.get("step", 0)), int(head.get("seq", 0))
 
 
+def _events(event: NewEvent | Sequence[NewEvent]) -> list[NewEvent]:
+    events = [event] if isinstance(event, NewEvent) else list(event)
+    if not events:
+        raise ValueError("a logged write logs at least one event")
+    return events
+
+
 def _logged(
     task_id: str,
     actions: Sequence[Action],
-    event: NewEvent,
+    event: NewEvent | Sequence[NewEvent],
     head: Mapping[str, Any],
     *,
     meta: str,
@@ -247,13 +258,16 @@ def _logged(
 ) -> list[Action]:
     """``actions`` with the event logged after META as ``head`` holds it: META's action (named
     ``meta``) gets ``seq + 1`` and the condition that ``seq`` and ``step`` (and with ``pinned``,
-    ``status``) are still those, and a ``Put`` of ``EVENT#<seq+1>`` (named ``event_name``) joins."""
+    ``status``) are still those, and a ``Put`` of ``EVENT#<seq+1>`` (named ``event_name``) joins.
+    Several events take ``seq + 1 .. seq + n``, each its ``Put`` (the second named
+    ``<event_name>2``, ...)."""
     key = keys.meta_key(task_id)
     step, seq = _counters(head)
+    events = _events(event)
     held = _at(step, seq)
     if pinned:
         held = held & Attr("status").eq(head.get("status"))
-    bump = Patch(meta, key, Update(set={"seq": seq + 1}), held)
+    bump = Patch(meta, key, Update(set={"seq": seq + len(events)}), held)
     batch: list[Action] = []
     for action in actions:
         if action.name == meta:
@@ -262,15 +276,27 @@ def _logged(
             batch.append(merge(meta, action, bump))
         else:
             batch.append(action)
-    item = {
-        **keys.item_key(task_id, keys.event_sk(seq + 1)),
-        "seq": seq + 1,
-        "after_step": step,
-        "type": event.type,
-        "at": time.time(),
-        "data": dict(event.data),
-    }
-    return [*batch, Put(event_name, item, absent())]
+    at = time.time()
+    puts: list[Action] = []
+    for i, logged in enumerate(events, start=1):
+        item = {
+            **keys.item_key(task_id, keys.event_sk(seq + i)),
+            "seq": seq + i,
+            "after_step": step,
+            "type": logged.type,
+            "at": at,
+            "data": dict(logged.data),
+        }
+        puts.append(Put(_event_name(event_name, i), item, absent()))
+    return [*batch, *puts]
+
+
+def _event_name(first: str, i: int) -> str:
+    return first if i == 1 else f"{first}{i}"
+
+
+def _event_names(first: str, n: int) -> frozenset[str]:
+    return frozenset(_event_name(first, i) for i in range(1, n + 1))
 
 
 def _at(step: int, seq: int) -> ConditionBase:

@@ -20,6 +20,12 @@ Where the message goes depends on the task's status when it is accepted, in the 
   task back to ``queued`` (the caller then sends its queue message), and the run that claims it
   delivers the message and goes on from the conversation as it was.
 - ``failed``, ``cancelled``, ``timed_out``, ``failed_outcome``, ``cost_exceeded``: refused, with the reason.
+  A ``cost_exceeded`` task takes a message that raises its budget (``BudgetRaise``): a follow-up.
+
+A raise that comes with a message is written by the same transaction that accepts it (the budget
+on META, the submission's raised caps, ``budget.raised`` logged before ``message.received``),
+after the same checks: a refused message raises nothing, and a retry with its idempotency key
+finds the key (whose request hash counts the raise) and raises nothing again.
 
 A turn never ends over a waiting message: the commit that would end the task, and the move to
 ``idle`` after an interrupt, are conditional on ``messages_received`` being what the engine has
@@ -50,6 +56,7 @@ from agentq.core.models import DoubleTexting, Lease, TaskStatus, UserMessage
 from agentq.core.records import ConversationMark, Inbox
 from agentq.resources import TTL_ATTRIBUTE
 from agentq.storage import keys
+from agentq.storage.budget_items import SETTLED, BudgetRaise
 from agentq.storage.events import EVENT_TEXT_CHARS, NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
@@ -66,7 +73,7 @@ from agentq.storage.table import (
     plain,
     present,
 )
-from agentq.storage.task_items import live_keys, merged, reopening
+from agentq.storage.task_items import TaskItems, live_keys, merged, reopening
 
 MESSAGE = "MSG#"
 MESSAGE_KEY = "MSGKEY#"
@@ -115,6 +122,16 @@ def message_sk(seq: int) -> str:
 
 def _key_sk(idempotency_key: str) -> str:
     return MESSAGE_KEY + hashlib.sha256(idempotency_key.encode()).hexdigest()[:40]
+
+
+def _request_hash(text: str, raised: BudgetRaise | None) -> str:
+    """What an idempotency key is bound to: the text, and the raise that came with it (the same
+    key with another raise is a conflict, not a replay). A message without a raise hashes as
+    its text alone, as keys stored before raises were counted did."""
+    if raised is None:
+        return hashlib.sha256(text.encode()).hexdigest()
+    amounts = f"\x00raise:{raised.tokens}:{raised.steps}:{raised.micros}"
+    return hashlib.sha256((text + amounts).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -169,9 +186,11 @@ class Messages:
         tenant: str | None = None,
         idempotency_key: str | None = None,
         double_texting: DoubleTexting = "queue",
+        raised: BudgetRaise | None = None,
     ) -> Accepted:
-        """Accept ``text`` as the task's next message (see the module)."""
-        request_hash = hashlib.sha256(text.encode()).hexdigest()
+        """Accept ``text`` as the task's next message (see the module), with ``raised``, the
+        budget raise it carries, in the same write."""
+        request_hash = _request_hash(text, raised)
         for _ in range(ACCEPT_ATTEMPTS):
             meta = self._meta(task_id, tenant)
             if idempotency_key is not None:
@@ -179,13 +198,14 @@ class Messages:
                 if replay is not None:
                     return replay
             status = TaskStatus(str(meta["status"]))
-            self._check(task_id, meta, status, double_texting)
+            self._check(task_id, meta, status, double_texting, raised)
+            reopens = status in REOPENED or (raised is not None and status is TaskStatus.COST_EXCEEDED)
             received = int(meta.get("messages_received") or 0)
             now = time.time()
             message = UserMessage(message_id=uuid.uuid4().hex, seq=received + 1, text=text, sent_at=now)
             interrupting = double_texting == "interrupt" and status is TaskStatus.RUNNING
             actions: list[Patch | Put] = [
-                self._meta_write(task_id, status, received, now, interrupting),
+                self._meta_write(task_id, status, received, now, interrupting, reopens, raised),
                 Put(
                     "message",
                     {
@@ -208,29 +228,39 @@ class Messages:
                         absent(),
                     )
                 )
+            if raised is not None and raised.submission is not None:
+                actions.append(Put("submission", TaskItems.submission_item(task_id, raised.submission)))
             said = {"message_id": message.message_id, "seq": message.seq, "text": text[:EVENT_TEXT_CHARS]}
-            if status in REOPENED:
+            if reopens:
                 said["status"] = TaskStatus.QUEUED.value  # a follow-up: the event leaves the task queued
             if interrupting:
                 said["interrupting"] = True
+            events = [NewEvent("message.received", said)]
+            if raised is not None:
+                events.insert(0, NewEvent("budget.raised", raised.event_data()))
             try:
-                logged_transact(self.table, task_id, actions, NewEvent("message.received", said), retry_moved=False)
+                logged_transact(self.table, task_id, actions, events, retry_moved=False)
             except (TransactionCancelled, TransactionConflict):
                 # Another message took the number, the status moved, the key was used, or a
                 # write to META raced this one: look again.
                 time.sleep(random.uniform(0, ACCEPT_BACKOFF_SECONDS))
                 continue
-            reopened = status in REOPENED
             return Accepted(
                 message=message,
-                status=TaskStatus.QUEUED if reopened else status,
-                reopened=reopened,
+                status=TaskStatus.QUEUED if reopens else status,
+                reopened=reopens,
                 interrupting=interrupting,
             )
         raise MessageRefused(f"task {task_id} is taking too many messages at once; send again", field="task_id")
 
-    def _check(self, task_id: str, meta: Item, status: TaskStatus, double_texting: DoubleTexting) -> None:
-        if status in REFUSALS:
+    def _check(
+        self, task_id: str, meta: Item, status: TaskStatus, double_texting: DoubleTexting, raised: BudgetRaise | None
+    ) -> None:
+        """Every reason to refuse the message, before anything is written (its raise too). A
+        ``cost_exceeded`` task takes the message that raises its budget: a follow-up, not a
+        message to a busy task, whatever its ``double_texting``."""
+        resumes = raised is not None and status is TaskStatus.COST_EXCEEDED
+        if status in REFUSALS and not resumes:
             raise IllegalTransition(
                 f"task {task_id} takes no messages: {refusal(task_id, status, meta.get('error'))}",
                 field="task_id",
@@ -247,33 +277,46 @@ class Messages:
                 f"task {task_id} has taken the most messages a task may ({MAX_MESSAGES_PER_TASK:,}); fork it to go on",
                 field="text",
             )
-        if status in REOPENED and (meta.get(TTL_ATTRIBUTE) or float("inf")) <= time.time():
+        if (status in REOPENED or resumes) and (meta.get(TTL_ATTRIBUTE) or float("inf")) <= time.time():
             raise IllegalTransition(
                 f"task {task_id} is {status.value} and its retention ran out; it is being deleted", field="task_id"
             )
+        if raised is not None and (raised.tokens or raised.micros) and ("cap" not in meta or SETTLED in meta):
+            raise IllegalTransition(f"task {task_id} has no budget of its own to raise", field="add_tokens")
         if double_texting == "reject" and status in BUSY:
             raise MessageRefused(
                 f"task {task_id} is {status.value} and refuses messages until it answers (double_texting: reject)",
                 field="task_id",
             )
 
-    def _meta_write(self, task_id: str, status: TaskStatus, received: int, now: float, interrupting: bool) -> Patch:
+    def _meta_write(
+        self,
+        task_id: str,
+        status: TaskStatus,
+        received: int,
+        now: float,
+        interrupting: bool,
+        reopens: bool,
+        raised: BudgetRaise | None,
+    ) -> Patch:
         counted = Attr("messages_received").eq(received) if received else Attr("messages_received").not_exists()
         condition = Attr("status").eq(status.value) & counted
         sets: dict[str, Any] = {"messages_received": received + 1, "updated_at": now}
         removes: list[str] = []
+        update = Update()
         if interrupting:
             sets["interrupt_at"] = Decimal(repr(now))
-        if status in REOPENED:
+        if reopens:
             # The follow-up's requeue: as ``Tasks.transition`` requeues (a clean lease, back in
             # the sweeper's index, no expiry), in the write that accepts the message.
             sets.update({"status": TaskStatus.QUEUED.value, "lease_expires": 0, **live_keys(task_id)})
             removes += ["error", "finished_at", TTL_ATTRIBUTE, "interrupt_at"]
             condition = condition & (Attr(TTL_ATTRIBUTE).not_exists() | Attr(TTL_ATTRIBUTE).gt(Decimal(repr(now))))
-            return Patch(
-                "meta", keys.meta_key(task_id), merged(Update(set=sets, remove=removes), reopening(now)), condition
-            )
-        return Patch("meta", keys.meta_key(task_id), Update(set=sets, remove=removes), condition)
+            update = reopening(now)
+        if raised is not None and (raised.tokens or raised.micros):
+            update = merged(update, raised.update())
+            condition = condition & raised.condition()
+        return Patch("meta", keys.meta_key(task_id), merged(Update(set=sets, remove=removes), update), condition)
 
     def _replay(self, task_id: str, idempotency_key: str, request_hash: str) -> Accepted | None:
         seen = self.table.get(keys.item_key(task_id, _key_sk(idempotency_key)))

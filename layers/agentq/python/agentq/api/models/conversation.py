@@ -26,11 +26,15 @@ class MessageRequest(StrictModel):
         description="the end user sending it: the task's own (a key that may name users; a token acts as its own)",
     )
     add_tokens: int = Field(
-        strict=True, default=0, ge=0, le=1_000_000_000, description="raise the task's token cap first"
+        strict=True,
+        default=0,
+        ge=0,
+        le=1_000_000_000,
+        description="raise the task's token cap with the message (only if it is taken)",
     )
-    add_steps: int = Field(strict=True, default=0, ge=0, le=10_000, description="raise max_steps first")
+    add_steps: int = Field(strict=True, default=0, ge=0, le=10_000, description="raise max_steps with the message")
     add_usd: Decimal = Field(
-        default=Decimal(0), ge=0, le=1_000_000, decimal_places=6, description="raise the money cap first"
+        default=Decimal(0), ge=0, le=1_000_000, decimal_places=6, description="raise the money cap with the message"
     )
 
 
