@@ -562,3 +562,34 @@ def test_an_out_of_budget_task_that_rejects_double_texts_takes_the_follow_up_car
     assert logged[-2:] == [("budget.raised", None), ("message.received", "queued")]
     assert engine(store, registry).run(task_id).status is TaskStatus.SUCCEEDED
     assert store.tasks.get(task_id).messages_delivered == 1
+
+
+class _SendFailsOnce(_Queues):
+    """Queues whose first send raises: SQS unreachable, or the API Lambda timed out after the accept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def send(self, task_id: str, priority: Any, **kw: Any) -> None:
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("sqs unreachable")
+        super().send(task_id, priority, **kw)
+
+
+def test_a_retried_follow_up_whose_first_enqueue_failed_queues_its_run_and_one_delivered_queues_nothing(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    task = store.tasks.create(scripted([{"text": "first"}, {"text": "second"}]), tenant="t")
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+    queues: Any = _SendFailsOnce()
+    with pytest.raises(ConnectionError):  # answered 500: the client retries with the same key
+        send_message(store, queues, task.task_id, "go on", tenant="t", idempotency_key="k")
+    assert store.tasks.get(task.task_id).status is TaskStatus.QUEUED  # the message taken, its run not queued
+    again = send_message(store, queues, task.task_id, "go on", tenant="t", idempotency_key="k")
+    # Queued again, as a retried submission is: else the run waits for the sweeper (960 s by default).
+    assert again.replayed and queues.sent == [task.task_id]
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+    late = send_message(store, queues, task.task_id, "go on", tenant="t", idempotency_key="k")
+    assert late.replayed and late.delivered and queues.sent == [task.task_id]  # answered: nothing to run

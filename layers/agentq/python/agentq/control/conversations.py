@@ -66,6 +66,12 @@ def send_message(
     if accepted.reopened:
         queues.send(task_id, task.submission.priority, tenant=task.tenant)
         log.info("task %s: follow-up message %d reopened it", task_id, accepted.message.seq)
+    elif accepted.replayed and accepted.status is TaskStatus.QUEUED and not accepted.delivered:
+        # The request that took it may have died before its queue message went (a 500, the
+        # client retrying): send it again, as a retried submission does (control.submit). A
+        # duplicate is harmless: the dispatcher drops a copy for a task another worker holds or
+        # that has ended (queueing.dispatch._outcome). Else the run waits for the sweeper.
+        queues.send(task_id, task.submission.priority, tenant=task.tenant)
     if not accepted.replayed:
         observe.message_received(task_id, task.tenant, accepted.message.seq, reopened=accepted.reopened)
         try:

@@ -138,13 +138,16 @@ def _request_hash(text: str, raised: BudgetRaise | None) -> str:
 class Accepted:
     """A message the task took: ``reopened`` when it moved an answered or interrupted task back
     to ``queued`` (its queue message is the caller's to send); ``replayed`` when the same
-    idempotency key had already delivered it (nothing was written this time)."""
+    idempotency key had already delivered it (nothing was written this time); then ``delivered``
+    says whether the conversation holds it yet (if not, and the task is queued, the request that
+    took it may have died before sending the run's queue message: the caller sends it again)."""
 
     message: UserMessage
     status: TaskStatus  # the task's status after the write
     reopened: bool = False
     interrupting: bool = False
     replayed: bool = False
+    delivered: bool = False
 
 
 def inbox_of(meta: dict[str, Any] | None) -> Inbox:
@@ -329,7 +332,12 @@ class Messages:
         stored = self.table.get(keys.item_key(task_id, message_sk(int(seen["seq"]))))
         meta = self.table.get(keys.meta_key(task_id)) or {}
         assert stored is not None  # written in the same transaction as the key
-        return Accepted(message=_message(stored), status=TaskStatus(str(meta.get("status", "queued"))), replayed=True)
+        return Accepted(
+            message=_message(stored),
+            status=TaskStatus(str(meta.get("status", "queued"))),
+            replayed=True,
+            delivered=inbox_of(meta).delivered >= int(seen["seq"]),
+        )
 
     def waiting(self, task_id: str, *, after: int, upto: int) -> list[UserMessage]:
         """Messages ``after+1 .. upto`` in order (what a delivery puts into the conversation)."""
