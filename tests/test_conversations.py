@@ -593,3 +593,32 @@ def test_a_retried_follow_up_whose_first_enqueue_failed_queues_its_run_and_one_d
     assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
     late = send_message(store, queues, task.task_id, "go on", tenant="t", idempotency_key="k")
     assert late.replayed and late.delivered and queues.sent == [task.task_id]  # answered: nothing to run
+
+
+@pytest.mark.parametrize("point", ["after_step_put:1", "after_message_commit:1", "after_tools_commit:1"])
+def test_a_worker_paused_past_its_lease_around_the_delivering_commit_delivers_each_message_once(
+    point: str, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from tests.stopped_worker import resume, stopped_at
+
+    turns = [{"text": "looking", "tool_calls": [call("note_write", key="k", value="v")]}, {"text": "answer"}]
+    task = store.tasks.create(scripted(turns, tools=["note_write"]), tenant="t")
+    for text in ("first", "second"):
+        store.messages.accept(task.task_id, text)
+
+    def eng(worker: str) -> Engine:
+        return Engine(store, worker_id=worker, tools=registry, config=EngineConfig(lease_seconds=1))
+
+    with stopped_at(eng("zombie"), task.task_id, point, monkeypatch, wakes=True):
+        time.sleep(1.5)  # its lease lapses while it is paused (SIGSTOP, a GC pause): it wakes a zombie
+        assert resume(eng("successor"), task.task_id).status is TaskStatus.SUCCEEDED
+        store.messages.accept(task.task_id, "third")  # a follow-up while the zombie still sleeps
+    assert resume(eng("successor"), task.task_id).status is TaskStatus.SUCCEEDED
+    delivered = [
+        m.seq for s in store.steps.load(task.task_id) if isinstance(s.body, MessageStep) for m in s.body.messages
+    ]
+    assert delivered == [1, 2, 3]
+    done = store.tasks.get(task.task_id)
+    assert (done.messages_received, done.messages_delivered) == (3, 3)

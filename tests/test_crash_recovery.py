@@ -9,6 +9,7 @@ module slow. ``run-task`` as a command that resumes is covered by tests/test_zom
 
 from __future__ import annotations
 
+import ast
 import json
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from agentq.core import faults
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolsStep
 from agentq.runtime import Settings, build_registry, build_store
@@ -54,6 +56,32 @@ SCENARIOS = [f"{point}:{n}" for point, count in PASSES.items() for n in range(1,
 # tool runs in order: lookup, charge_card, charge_card, lookup -> passes 2 and 3 of
 # after_tool_run are charge_card between "started" and "done": outcome unknown by design.
 UNKNOWN_OUTCOME = {"after_effect_begin:1", "after_effect_begin:2", "after_tool_run:2", "after_tool_run:3"}
+
+
+def _points_named_in_the_package() -> set[str]:
+    """Every point the package passes: ``crash_point("...")`` (each literal of its argument, a
+    conditional's too) and the ``after_create`` of an engine operation (``_operation.py``)."""
+    named: set[str] = set()
+    for path in (Path(faults.__file__).parent.parent).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "crash_point" and node.args:
+                named |= {
+                    c.value for c in ast.walk(node.args[0]) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                }
+            elif isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                value = node.value.value
+                if any(getattr(t, "id", None) == "after_create" for t in targets) and isinstance(value, str):
+                    named.add(value)
+    return named
+
+
+def test_every_point_a_worker_passes_is_one_a_test_may_stop_it_at() -> None:
+    # tests/stopped_worker.stopped_at refuses a point not in CRASH_POINTS: one left out there
+    # (after_message_commit was) could never be stopped at in-process.
+    named = _points_named_in_the_package()
+    assert {"after_message_commit", "after_spawn", "after_llm_commit"} <= named  # the scan sees each form
+    assert named - set(faults.CRASH_POINTS) == set()
 
 
 def _crashing_worker(settings: Settings, crash_at: str, ledger: Path) -> subprocess.CompletedProcess[str]:

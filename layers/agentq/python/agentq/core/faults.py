@@ -15,6 +15,7 @@ CRASH_POINTS = (
     "after_claim",  # lease taken, nothing else written
     "after_reserve",  # tokens held on the budget, no LLM call yet
     "after_llm_call",  # provider answered (tokens spent), step not committed
+    "after_batch_submit",  # a batch job submitted (its id recorded), its result not fetched
     "after_step_put",  # a step's item written, META not yet pointing at it (every step commit passes here)
     "after_llm_commit",  # assistant turn with tool intents durable, no tool run yet
     "after_compaction",  # compaction step durable (the summary the conversation goes on from)
@@ -24,11 +25,13 @@ CRASH_POINTS = (
     "after_tool_run",  # tool ran, its outcome not recorded anywhere
     "after_effect_finish",  # side-effect outcome recorded, tools step not committed
     "after_tools_commit",  # tool results durable (with the next reservation)
+    "after_message_commit",  # a person's messages delivered (their step committed), the next call not made
     "after_spawn_record",  # SPAWN record written and shares taken, children not yet written
     "after_spawn",  # children and SPAWN record written, execution not started
     "after_grade_begin",  # an answer's grade begun (effect record), no grader run yet
     "after_grade",  # the grade recorded on its effect record, grade step not committed
     "after_grade_commit",  # grade step durable (the task ended, or the feedback is its next message)
+    "after_online_count",  # an online grade counted on its alias's counters, its grade step not committed
     "after_stop_marks",  # a stop marked every task of its scope, none moved to cancelled yet
     "after_fork_steps",  # a fork's placeholder META and copied steps written, its objects and task not yet
 )
