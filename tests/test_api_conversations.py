@@ -3,12 +3,17 @@ refusal with its status, code and field; tenant isolation."""
 
 from __future__ import annotations
 
-from agentq.core.models import TaskStatus
+import json
 
-from tests.test_api_routes import SUB, Api, api, error
+from agentq.api.http_server import proxy_event
+from agentq.core.models import MAX_MESSAGE_CHARS, TaskStatus
+
+from tests.lambda_support import FakeLambdaContext
+from tests.test_api_routes import SUB, A, Api, api, error
 
 __all__ = ["api"]  # the module-scoped deployment of tests/test_api_routes.py
 
+LAMBDA_RESPONSE_BYTES = 6 * 1024 * 1024  # a synchronous invocation's answer; API Gateway answers 502 past it
 TWO_TURNS = {"goal": "say hi", "provider": "scripted", "script": {"turns": [{"text": "hi"}, {"text": "hello again"}]}}
 
 
@@ -97,3 +102,48 @@ def test_an_interrupted_task_answers_idle_and_a_closed_conversation_refuses_mess
     assert api.call("POST", f"/tasks/{task_id}/close")[0] == 200
     status, data, _ = api.call("POST", f"/tasks/{task_id}/messages", {"text": "hi"})
     assert status == 409 and error(data)["code"] == "message_refused" and "closed" in error(data)["message"]
+
+
+def test_long_messages_are_listed_in_pages_that_each_fit_one_lambda_answer(api: Api) -> None:
+    task_id = api.submit()
+    text = "\u00e9" * MAX_MESSAGE_CHARS  # 6 bytes a character in the JSON answer (\u00e9): 192 KB a message
+    for _ in range(40):  # 7.7 MB in one answer, unpaginated
+        status, data, _ = api.call("POST", f"/tasks/{task_id}/messages", {"text": text})
+        assert status == 202, data
+    seqs: list[int] = []
+    cursor = ""
+    for _ in range(40):
+        path = f"/tasks/{task_id}/messages" + (f"?cursor={cursor}" if cursor else "")
+        answer = api.handler.lambda_handler(proxy_event("GET", path, {}, None, tenant=A), FakeLambdaContext(30))
+        assert answer["statusCode"] == 200
+        assert len(json.dumps(answer).encode()) < LAMBDA_RESPONSE_BYTES  # the payload, its body escaped again
+        page = json.loads(answer["body"])
+        assert page["messages"]
+        seqs += [m["seq"] for m in page["messages"]]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert seqs == list(range(1, 41))  # every message once, in order
+
+
+def test_a_page_of_messages_takes_a_limit_and_refuses_a_cursor_it_did_not_issue(api: Api) -> None:
+    task_id, other = api.submit(), api.submit()
+    for text in ("one", "two", "three"):
+        assert api.call("POST", f"/tasks/{task_id}/messages", {"text": text})[0] == 202
+    status, first, _ = api.call("GET", f"/tasks/{task_id}/messages?limit=2")
+    assert status == 200 and [m["text"] for m in first["messages"]] == ["one", "two"] and first["next_cursor"]
+    status, rest, _ = api.call("GET", f"/tasks/{task_id}/messages?limit=2&cursor={first['next_cursor']}")
+    assert [m["text"] for m in rest["messages"]] == ["three"] and rest["next_cursor"] is None
+    for query, code, field in (
+        (f"cursor={first['next_cursor']}", 400, "cursor"),  # another task's cursor (issued for task_id)
+        ("cursor=bm90LW91cnM", 400, "cursor"),  # base64url, not one of ours
+        ("limit=0", 422, "limit"),
+        ("limit=101", 422, "limit"),
+    ):
+        status, data, _ = api.call("GET", f"/tasks/{other}/messages?{query}")
+        assert (status, error(data).get("field")) == (code, field), (query, data)
+    assert status == 422
+    assert (
+        api.call("GET", f"/tasks/{other}/messages?cursor={first['next_cursor']}")[1]["error"]["code"]
+        == "invalid_cursor"
+    )

@@ -18,7 +18,7 @@ from agentq.api.client import (
 )
 from agentq.api.models import LLMCallEvent, ToolCallEvent, TransitionEvent
 from agentq.core.errors import AgentqError
-from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.core.models import MAX_MESSAGE_CHARS, TaskStatus, TaskSubmission
 
 from tests.api_support import SCRIPTED, ApiStack
 from tests.helpers import call
@@ -98,6 +98,21 @@ def test_control_calls_and_waiting_for_a_status(client: Client) -> None:
     with pytest.raises(WaitTimeout) as waited:
         client.wait_for(slow_id, lambda v: False, timeout=0.1, poll=0.05)
     assert waited.value.view.status is TaskStatus.CANCELLED
+
+
+def test_the_client_reads_every_message_of_a_task_following_the_pages(client: Client) -> None:
+    turns = [{"text": "", "tool_calls": [call("request_approval", question="go?")]}, {"text": "went"}]
+    task_id = client.submit(
+        {**SCRIPTED, "script": {"turns": turns}, "constraints": {"tools": ["request_approval"]}}
+    ).task_id
+    client.wait_for_status(task_id, TaskStatus.PAUSED, timeout=60, poll=0.05)  # messages wait while it is paused
+    long = "\u00e9" * (MAX_MESSAGE_CHARS - 3)  # 192 KB of JSON each: eleven pass one page's 2 MB
+    for i in range(12):
+        client.send(task_id, f"{i}:{long}")
+    first = client.message_page(task_id)
+    assert 0 < len(first.messages) < 12 and first.next_cursor
+    assert [int(m.text.split(":")[0]) for m in client.messages(task_id)] == list(range(12))
+    client.cancel(task_id)
 
 
 def test_each_failure_is_its_own_exception_with_status_code_and_field(api_stack: ApiStack, client: Client) -> None:

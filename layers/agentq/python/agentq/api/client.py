@@ -46,6 +46,7 @@ from agentq.api.http_client import _error_of as _error_of
 from agentq.api.http_client import _NotStreaming as _NotStreaming
 from agentq.api.http_client import _seg as _seg
 from agentq.api.models import (
+    MAX_MESSAGE_PAGE,
     MAX_PAGE_SIZE,
     BreakersView,
     CancelResult,
@@ -402,8 +403,19 @@ class Client(AgentCalls):
         return MessageAccepted.model_validate(data)
 
     def messages(self, task_id: str) -> list[MessageView]:
-        """Every message the task was sent, in the order it reads them."""
-        return self._get(MessageList, f"/tasks/{_seg(task_id)}/messages").messages
+        """Every message the task was sent, in the order it reads them (following the pages)."""
+        out: list[MessageView] = []
+        cursor = None
+        while True:
+            page = self.message_page(task_id, cursor=cursor)
+            out += page.messages
+            if not page.next_cursor:
+                return out
+            cursor = page.next_cursor
+
+    def message_page(self, task_id: str, *, limit: int = MAX_MESSAGE_PAGE, cursor: str | None = None) -> MessageList:
+        """One page of the task's messages; pass ``page.next_cursor`` for the next."""
+        return self._get(MessageList, f"/tasks/{_seg(task_id)}/messages", limit=limit, cursor=cursor)
 
     def interrupt(self, task_id: str) -> InterruptResult:
         """Stop the agent at its earliest safe point; it waits ``idle`` for the next message."""

@@ -1,8 +1,8 @@
 """Read-only views the HTTP API answers with: a task's status view, list pages, the trace.
 
 Built from the store alone (no worker involved); the response shapes are ``api_models``. This
-module builds the list pages (``task_page``, with its metadata filter) and a finished task's
-result, and re-exports the rest, each from the module of its view: ``api.cursors`` (the page
+module builds the list pages (``task_page``, with its metadata filter; ``message_page``) and a
+finished task's result, and re-exports the rest, each from the module of its view: ``api.cursors`` (the page
 cursors), ``api.task_view`` (a task's status view and summary), ``api.trace_view`` (the trace).
 """
 
@@ -15,6 +15,9 @@ from agentq.api.cursors import InvalidCursor as InvalidCursor
 from agentq.api.cursors import decode_cursor as decode_cursor
 from agentq.api.cursors import encode_cursor as encode_cursor
 from agentq.api.models import (
+    MESSAGE_PAGE_BYTES,
+    MessageList,
+    MessageView,
     TaskPage,
     TaskResult,
 )
@@ -27,6 +30,7 @@ from agentq.api.task_view import task_view as task_view
 from agentq.api.trace_view import Key as Key
 from agentq.api.trace_view import step_views as step_views
 from agentq.api.trace_view import trace_page as trace_page
+from agentq.control import conversations
 from agentq.core.errors import AgentqError, ValidationError
 from agentq.core.metadata import BadPair, parse_pairs
 from agentq.core.models import (
@@ -35,6 +39,7 @@ from agentq.core.models import (
 )
 from agentq.storage import keys
 from agentq.storage.container import Storage
+from agentq.storage.messages import MAX_MESSAGES_PER_TASK
 
 
 class NotFinished(AgentqError):
@@ -108,6 +113,37 @@ def task_page(
         if last is None:
             break
     return TaskPage(tasks=[task_summary(t) for t in found], next_cursor=encode_cursor("tasks", last) if last else None)
+
+
+def message_page(store: Storage, task_id: str, tenant: str, *, limit: int, cursor: str | None) -> MessageList:
+    """A page of the messages the task accepted, in order: at most ``limit``, and fewer once
+    their texts pass ``MESSAGE_PAGE_BYTES`` as JSON (never none), so a page always fits a
+    Lambda's answer. The cursor holds the task and the last message's number."""
+    after = 0
+    if cursor:
+        held = decode_cursor("messages", cursor)
+        if not isinstance(held, dict) or held.get("task") != task_id:
+            raise InvalidCursor("cursor does not belong to this task's messages", field="cursor")
+        seq = held.get("after")
+        if type(seq) is not int or not 0 <= seq <= MAX_MESSAGES_PER_TASK:
+            raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
+        after = seq
+    task, messages = conversations.messages(store, task_id, tenant=tenant, after=after, limit=limit)
+    page: list[MessageView] = []
+    size = 0
+    for m in messages:
+        size += len(json.dumps(m.text))  # escaped as the answer escapes it (ASCII), or longer
+        if page and size > MESSAGE_PAGE_BYTES:
+            break
+        page.append(MessageView(message_id=m.message_id, seq=m.seq, text=m.text, sent_at=m.sent_at,
+                                delivered=m.seq <= task.messages_delivered))  # fmt: skip
+    last = page[-1].seq if page else after
+    more = last < task.messages_received
+    return MessageList(
+        task_id=task_id,
+        messages=page,
+        next_cursor=encode_cursor("messages", {"task": task_id, "after": last}) if more else None,
+    )
 
 
 def task_result(task: Task) -> TaskResult:

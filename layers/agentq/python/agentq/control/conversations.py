@@ -15,13 +15,13 @@ from decimal import Decimal
 from agentq import observe
 from agentq.control.operations import owned_task, planned_raise
 from agentq.core.errors import ValidationError
-from agentq.core.models import MAX_MESSAGE_CHARS, TaskStatus, UserMessage
+from agentq.core.models import MAX_MESSAGE_CHARS, Task, TaskStatus, UserMessage
 from agentq.core.stops import ScopeStopped, stop_covering
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.webhooks import enqueue_event
 from agentq.storage.budget_items import BudgetRaise
 from agentq.storage.container import Storage
-from agentq.storage.messages import Accepted
+from agentq.storage.messages import MAX_MESSAGES_PER_TASK, Accepted
 
 log = logging.getLogger("agentq.control")
 
@@ -92,7 +92,11 @@ def close(store: Storage, task_id: str, *, tenant: str | None = None) -> None:
     store.messages.close(task_id, tenant=tenant)
 
 
-def messages(store: Storage, task_id: str, *, tenant: str | None = None) -> list[UserMessage]:
-    """Every message the task accepted, in order (delivered or not: the trace says which)."""
-    owned_task(store, task_id, tenant)
-    return store.messages.listed(task_id)
+def messages(
+    store: Storage, task_id: str, *, tenant: str | None = None, after: int = 0, limit: int = MAX_MESSAGES_PER_TASK
+) -> tuple[Task, list[UserMessage]]:
+    """The task as read, and at most ``limit`` of the messages it had accepted then, after the
+    ``after``-th, in order (its ``messages_delivered`` says which the agent has read; its
+    ``messages_received``, whether more follow)."""
+    task = owned_task(store, task_id, tenant)
+    return task, store.messages.listed(task_id, after=after, upto=min(after + limit, task.messages_received))

@@ -346,8 +346,11 @@ class Messages:
         items = self.table.query(keys.task_pk(task_id), between=(message_sk(after + 1), message_sk(upto)))
         return [_message(i) for i in items]
 
-    def listed(self, task_id: str) -> list[UserMessage]:
-        """Every message the task has accepted, in order."""
+    def listed(self, task_id: str, *, after: int = 0, upto: int | None = None) -> list[UserMessage]:
+        """Every message the task has accepted, in order; with ``upto``, messages ``after+1 .. upto``
+        (a page: messages are numbered without gaps, so a range of numbers is a range of items)."""
+        if upto is not None:
+            return self.waiting(task_id, after=after, upto=upto)
         return [_message(i) for i in self.table.query(keys.task_pk(task_id), prefix=MESSAGE)]
 
     def marks(self, task_id: str) -> list[ConversationMark]:

@@ -28,9 +28,11 @@ from agentq.api.models.base import IDEMPOTENCY_KEY_PATTERN as IDEMPOTENCY_KEY_PA
 from agentq.api.models.base import MAX_BODY_BYTES as MAX_BODY_BYTES
 from agentq.api.models.base import MAX_CURSOR_CHARS as MAX_CURSOR_CHARS
 from agentq.api.models.base import MAX_EVENT_PAGE as MAX_EVENT_PAGE
+from agentq.api.models.base import MAX_MESSAGE_PAGE as MAX_MESSAGE_PAGE
 from agentq.api.models.base import MAX_NOTE_CHARS as MAX_NOTE_CHARS
 from agentq.api.models.base import MAX_PAGE_SIZE as MAX_PAGE_SIZE
 from agentq.api.models.base import MAX_TRACE_PAGE as MAX_TRACE_PAGE
+from agentq.api.models.base import MESSAGE_PAGE_BYTES as MESSAGE_PAGE_BYTES
 from agentq.api.models.base import TASK_ID_PATTERN as TASK_ID_PATTERN
 from agentq.api.models.base import TRACE_TEXT_CHARS as TRACE_TEXT_CHARS
 from agentq.api.models.base import ApiModel as ApiModel

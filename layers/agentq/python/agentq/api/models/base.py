@@ -25,6 +25,12 @@ MAX_TRACE_PAGE = 200  # GET /tasks/{id}/trace ?limit=
 MAX_EVENT_PAGE = 200  # GET /tasks/{id}/events ?limit=
 DEFAULT_EVENT_PAGE = 100
 DEFAULT_TRACE_PAGE = 100
+MAX_MESSAGE_PAGE = 100  # GET /tasks/{id}/messages ?limit=
+# The JSON of a page's texts (escaped: a character may take 12 bytes, two \uXXXX): fewer messages
+# once past it. A Lambda's answer is its body escaped once more (at most twice as long) and may
+# not pass 6 MB, so a page of 2 MB fits with room for everything else; one message alone (32,000
+# characters, 384 KB escaped at most) always does.
+MESSAGE_PAGE_BYTES = 2_000_000
 TRACE_TEXT_CHARS = 16_000  # longer LLM texts and tool outputs in a trace page are cut (``truncated``)
 MAX_NOTE_CHARS = 4_000
 TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"

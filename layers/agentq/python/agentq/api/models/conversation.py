@@ -59,6 +59,9 @@ class MessageView(ApiModel):
 class MessageList(ApiModel):
     task_id: str
     messages: list[MessageView]
+    next_cursor: str | None = Field(
+        default=None, description="pass as ?cursor= for the next page; null at the end (of the messages when read)"
+    )
 
 
 class InterruptResult(ApiModel):

@@ -10,20 +10,21 @@ from __future__ import annotations
 from typing import Annotated
 
 from aws_lambda_powertools.event_handler import Response
-from aws_lambda_powertools.event_handler.openapi.params import Body, Header
+from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Query
 
 from agentq.api import views
 from agentq.api.errors import JSON, responses
 from agentq.api.models import (
     IDEMPOTENCY_KEY_PATTERN,
+    MAX_MESSAGE_PAGE,
+    MESSAGE_PAGE_BYTES,
     CloseResult,
     InterruptResult,
     MessageAccepted,
     MessageList,
     MessageRequest,
-    MessageView,
 )
-from agentq.api.routes.common import ApiDeps, Router, TaskId, visible
+from agentq.api.routes.common import ApiDeps, PageCursor, Router, TaskId, visible
 from agentq.control import conversations as control
 from agentq.core.endusers import UserNotAllowed
 
@@ -83,24 +84,22 @@ def router(deps: ApiDeps) -> Router:
     @routes.get(
         "/tasks/<task_id>/messages",
         summary="The messages a task was sent",
+        description="In the order accepted (the order the agent reads them), each with whether the agent has read it. "
+        f"Paginated: at most `limit` a page, and fewer once their texts pass {MESSAGE_PAGE_BYTES:,} bytes as JSON "
+        "(never none), so a page of long messages fits one answer; follow `next_cursor`.",
         operation_id="listMessages",
         tags=["conversation"],
-        responses=responses(200, MessageList, 404, 422),
+        responses=responses(200, MessageList, 400, 404, 422),
     )
-    def listed(task_id: TaskId) -> MessageList:
+    def listed(
+        task_id: TaskId,
+        limit: Annotated[
+            int, Query(ge=1, le=MAX_MESSAGE_PAGE, description="messages per page: follow next_cursor for the next")
+        ] = MAX_MESSAGE_PAGE,
+        cursor: PageCursor = None,
+    ) -> MessageList:
         visible(deps, task_id)
-        who = tenant()
-        messages = control.messages(store, task_id, tenant=who)
-        delivered = store.tasks.get(task_id).messages_delivered
-        return MessageList(
-            task_id=task_id,
-            messages=[
-                MessageView(
-                    message_id=m.message_id, seq=m.seq, text=m.text, sent_at=m.sent_at, delivered=m.seq <= delivered
-                )
-                for m in messages
-            ],
-        )
+        return views.message_page(store, task_id, tenant(), limit=limit, cursor=cursor)
 
     @routes.post(
         "/tasks/<task_id>/interrupt",
