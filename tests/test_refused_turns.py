@@ -71,6 +71,10 @@ ENDINGS: list[tuple[str, str, Callable[[], Any], str, str]] = [
      "stop"),  # Chat Completions' own refusal: message.refusal, with finish_reason "stop"
     ("anthropic", CLAUDE, lambda: text_reply("half an answ", stop_reason="model_context_window_exceeded"),
      "context_window_exceeded", "model_context_window_exceeded"),
+    ("bedrock-converse", NOVA, lambda: converse_reply("{\"city\": ", stop_reason="malformed_model_output"),
+     "model_output_malformed", "malformed_model_output"),
+    ("bedrock-converse", NOVA, lambda: converse_reply("", stop_reason="malformed_tool_use"),
+     "model_output_malformed", "malformed_tool_use"),
 ]  # fmt: skip
 
 
@@ -78,7 +82,7 @@ ENDINGS: list[tuple[str, str, Callable[[], Any], str, str]] = [
     ("provider", "model", "reply", "code", "said"),
     ENDINGS,
     ids=["anthropic-refusal", "openai-content_filter", "converse-guardrail", "openai-message.refusal",
-         "anthropic-context_window"],
+         "anthropic-context_window", "converse-malformed_output", "converse-malformed_tool_use"],
 )  # fmt: skip
 def test_a_turn_the_model_refused_or_a_filter_stopped_or_the_context_window_cut_fails_the_task_saying_which(
     provider: str,

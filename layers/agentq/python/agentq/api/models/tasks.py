@@ -76,7 +76,7 @@ class ForkRequest(StrictModel):
         "one), and not the model's turn asking for tool calls (a fork there would make them again: fork at the next "
         "step, which made them, or the one before), else 422 naming at_step; a fork at the model's answer ends "
         "as that answer ended its source (succeeded with it, or failed: output_truncated for one cut off at the "
-        "output limit, model_refused for a refusal, context_window_exceeded), and a message sent to it goes on "
+        "output limit, model_refused for a refusal, context_window_exceeded, model_output_malformed), and a message sent to it goes on "
         "from there; the source must be a root task",
     )
     provider: Provider | None = None

@@ -214,15 +214,18 @@ def turn_outcome(
 
 # The stop reasons, in the Messages API's terms every provider's are translated to, of a turn
 # that is no answer: cut off (at the output limit, or where the model's context window ran out)
-# or refused (the model declined; OpenAI's content filter, a Bedrock guardrail stopped it).
+# or refused (the model declined; OpenAI's content filter, a Bedrock guardrail stopped it), or
+# made malformed (Bedrock's malformed_model_output and malformed_tool_use: a tool call that cannot
+# be carried out, text that is not the answer).
 CUT_OFF = frozenset({"max_tokens", "model_context_window_exceeded"})
 REFUSED = "refusal"
+MALFORMED = "malformed_output"
 
 
 def no_answer(step: LLMStep) -> bool:
     """The turn is no answer, whatever it says: it must not end the task ``succeeded``, nor be
     graded, nor be read by an output schema."""
-    return step.stop_reason in CUT_OFF or step.stop_reason == REFUSED
+    return step.stop_reason in CUT_OFF or step.stop_reason in (REFUSED, MALFORMED)
 
 
 def stopped_early(step: LLMStep, finish_reason: str | None = None) -> dict[str, Any] | None:
@@ -245,6 +248,13 @@ def stopped_early(step: LLMStep, finish_reason: str | None = None) -> dict[str, 
             "message": f"the model's turn was cut off where the context window of {step.model} ran out ({who} said "
             f"{said!r}): lower constraints.context_threshold, or leave constraints.compaction on, so the "
             "conversation leaves room for the answer",
+            "finish_reason": said,
+        }
+    if step.stop_reason == MALFORMED:
+        return {
+            "code": "model_output_malformed",
+            "message": f"the model's turn was malformed ({who} said {said!r}): its text or tool call could not be "
+            "read, so nothing of it was carried out",
             "finish_reason": said,
         }
     return None

@@ -59,8 +59,14 @@ from agentq.core.providers.retry import (
     distinct_tool_uses,
 )
 
-# Converse's stopReason -> the Messages API's stop_reason the engine reads.
-STOP_REASONS = {"guardrail_intervened": "refusal", "content_filtered": "refusal"}
+# Converse's stopReason -> the Messages API's stop_reason the engine reads (one of its own for a
+# turn Bedrock says the model made malformed, as text or as a tool call: no answer either).
+STOP_REASONS = {
+    "guardrail_intervened": "refusal",
+    "content_filtered": "refusal",
+    "malformed_model_output": "malformed_output",
+    "malformed_tool_use": "malformed_output",
+}
 # Model families (by the id past any region prefix) whose Converse requests may carry cachePoint.
 CACHING_FAMILIES = ("anthropic.claude", "amazon.nova")
 CACHE_POINT = {"cachePoint": {"type": "default"}}
