@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 
 from agentq.api.http_server import proxy_event
-from agentq.api.models import MAX_BODY_BYTES, LLMCallEvent, TaskView, ToolCallEvent, TracePage, TransitionEvent
+from agentq.api.models import (
+    MAX_BODY_BYTES,
+    TRACE_PAGE_BYTES,
+    LLMCallEvent,
+    TaskView,
+    ToolCallEvent,
+    TracePage,
+    TransitionEvent,
+)
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import MAX_GOAL_CHARS, Lease, LLMStep, TaskStatus, Usage
 from agentq.resources import QueueSettings, provision
@@ -455,6 +463,32 @@ def test_trace_shows_orphan_llm_calls_and_approval_transitions(api: Api) -> None
     orphans = [e for e in events if e["type"] == "llm_call" and e["orphan"]]
     assert len(orphans) == 1 and orphans[0]["model"] == "claude-haiku-4-5" and orphans[0]["tokens"]["total"] == 10
     assert orphans[0]["step"] == 3 and orphans[0]["epoch"] == 1
+
+
+def test_a_trace_page_of_long_texts_fits_one_lambda_answer_and_the_pages_hold_every_event_once(api: Api) -> None:
+    """200 events of 16,000 'é' (the most a trace keeps of a text; 6 bytes each as the API's
+    JSON escapes them) would be a 19 MB page, past a Lambda's 6 MB answer (API Gateway's 502): a
+    page stops at TRACE_PAGE_BYTES, and the cursor takes the rest, each event once."""
+    task_id = api.submit()
+    api.run(task_id)
+    text = "é" * 16_000
+    for epoch in range(2, 42):  # 40 orphan calls, one per epoch: 3.8 MB escaped
+        orphan = LLMStep(content=[{"type": "text", "text": text}], stop_reason="end_turn", model="claude-haiku-4-5",
+                         usage=Usage(input_tokens=7, output_tokens=3), started_at=time.time(), duration_ms=5)  # fmt: skip
+        api.store.steps.record_orphan(Lease(task_id=task_id, owner="zombie:9", epoch=epoch, expires_at=0), 2, orphan)
+    paged, cursor, sizes = [], None, []
+    while True:
+        status, page, _ = api.call("GET", f"/tasks/{task_id}/trace?limit=200" + (f"&cursor={cursor}" if cursor else ""))
+        assert status == 200, page
+        sizes.append(len(json.dumps(page)))
+        paged += page["events"]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert len(sizes) > 1 and max(sizes) <= TRACE_PAGE_BYTES + 200_000, sizes
+    orphans = [(e["epoch"], e["text"]) for e in paged if e["type"] == "llm_call" and e["orphan"]]
+    assert sorted(orphans) == [(epoch, text) for epoch in range(2, 42)]
+    assert len({json.dumps(e, sort_keys=True) for e in paged}) == len(paged)
 
 
 def test_a_trace_cursor_must_be_one_the_api_issued(api: Api) -> None:

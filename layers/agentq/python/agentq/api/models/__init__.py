@@ -34,6 +34,7 @@ from agentq.api.models.base import MAX_PAGE_SIZE as MAX_PAGE_SIZE
 from agentq.api.models.base import MAX_TRACE_PAGE as MAX_TRACE_PAGE
 from agentq.api.models.base import MESSAGE_PAGE_BYTES as MESSAGE_PAGE_BYTES
 from agentq.api.models.base import TASK_ID_PATTERN as TASK_ID_PATTERN
+from agentq.api.models.base import TRACE_PAGE_BYTES as TRACE_PAGE_BYTES
 from agentq.api.models.base import TRACE_TEXT_CHARS as TRACE_TEXT_CHARS
 from agentq.api.models.base import ApiModel as ApiModel
 from agentq.api.models.base import ErrorDetail as ErrorDetail

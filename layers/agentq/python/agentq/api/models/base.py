@@ -31,6 +31,10 @@ MAX_MESSAGE_PAGE = 100  # GET /tasks/{id}/messages ?limit=
 # not pass 6 MB, so a page of 2 MB fits with room for everything else; one message alone (32,000
 # characters, 384 KB escaped at most) always does.
 MESSAGE_PAGE_BYTES = 2_000_000
+# A trace page's events as JSON: fewer than ?limit= once past it (never none), for the reason of
+# MESSAGE_PAGE_BYTES (a tool call's input is not cut, and 200 LLM texts of 16,000 characters
+# escaped would be some 19 MB).
+TRACE_PAGE_BYTES = 2_000_000
 TRACE_TEXT_CHARS = 16_000  # longer LLM texts and tool outputs in a trace page are cut (``truncated``)
 MAX_NOTE_CHARS = 4_000
 TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"

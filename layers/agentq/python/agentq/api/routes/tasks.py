@@ -19,6 +19,7 @@ from agentq.api.models import (
     IDEMPOTENCY_KEY_PATTERN,
     MAX_PAGE_SIZE,
     MAX_TRACE_PAGE,
+    TRACE_PAGE_BYTES,
     TaskAccepted,
     TaskComparison,
     TaskLinks,
@@ -160,7 +161,9 @@ def router(deps: ApiDeps) -> Router:
         "/tasks/<task_id>/trace",
         summary="A task's trace, in commit order",
         description="LLM calls (model, tokens, timing), tool calls (input, output, duration), transitions "
-        "and orphan LLM calls (paid for, never committed). Paginated.",
+        "and orphan LLM calls (paid for, never committed). Paginated: at most `limit` events a page, and fewer "
+        f"once they pass {TRACE_PAGE_BYTES:,} bytes as JSON (never none), so a page fits one answer; follow "
+        "`next_cursor`.",
         operation_id="getTaskTrace",
         tags=["tasks"],
         responses=responses(200, TracePage, 400, 404, 422),
