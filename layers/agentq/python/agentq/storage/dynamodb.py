@@ -153,6 +153,8 @@ class DynamoTable:
         descending: bool = False,
         limit: int | None = None,
         keys_only: bool = False,
+        after: str | None = None,
+        attributes: Sequence[str] | None = None,
     ) -> list[Item]:
         values: dict[str, Any] = {":pk": pk}
         condition = "pk = :pk"
@@ -171,6 +173,12 @@ class DynamoTable:
         }
         if keys_only:
             request["ProjectionExpression"] = "pk, sk"
+        elif attributes is not None:
+            names = {f"#p{i}": name for i, name in enumerate(attributes)}  # "path" is a reserved word
+            request["ProjectionExpression"] = ", ".join(names)
+            request["ExpressionAttributeNames"] = names
+        if after is not None:
+            request["ExclusiveStartKey"] = to_wire({"pk": pk, "sk": after})
         items: list[Item] = []
         while True:
             if limit is not None:

@@ -108,6 +108,8 @@ class MemoryTable:
         descending: bool = False,
         limit: int | None = None,
         keys_only: bool = False,
+        after: str | None = None,
+        attributes: Sequence[str] | None = None,
     ) -> list[Item]:
         with self._lock:
             found = sorted((sk, item) for (p, sk), item in self._items.items() if p == pk)
@@ -115,11 +117,15 @@ class MemoryTable:
             found = [(sk, i) for sk, i in found if sk.startswith(prefix)]
         elif between is not None:
             found = [(sk, i) for sk, i in found if between[0] <= sk <= between[1]]
+        if after is not None:
+            found = [(sk, i) for sk, i in found if (sk < after if descending else sk > after)]
         if descending:
             found.reverse()
         items = [i for _, i in found][:limit]
         if keys_only:
             return [{"pk": i["pk"], "sk": i["sk"]} for i in items]
+        if attributes is not None:
+            return [copy.deepcopy({k: i[k] for k in attributes if k in i}) for i in items]
         return copy.deepcopy(items)
 
     def query_index(

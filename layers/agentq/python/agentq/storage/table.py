@@ -146,8 +146,14 @@ class Table(Protocol):
         descending: bool = False,
         limit: int | None = None,
         keys_only: bool = False,
+        after: str | None = None,
+        attributes: Sequence[str] | None = None,
     ) -> list[Item]:
-        """Items of partition ``pk`` in sort-key order (all pages, or the first ``limit``)."""
+        """Items of partition ``pk`` in sort-key order (all pages, or the first ``limit``).
+        ``after``: only those past this sort key (in the query's direction; a page of a listing
+        goes on from its last item's key, whether or not that item still exists).
+        ``attributes``: only these attributes of each item (a projection: a listing that needs
+        no large attribute reads it neither from the table nor over the wire)."""
         ...
 
     def query_index(
