@@ -196,3 +196,115 @@ def test_deleting_a_store_deletes_its_documents(backend: Storage) -> None:
     backend.memory_stores.delete_store("t", "shop")
     assert backend.memory_stores.list_stores("t") == []
     assert backend.table.query(keys.memory_store_pk("t", "shop")) == []
+
+
+class _Killed(Exception):
+    """The deleting process dies here."""
+
+
+def _partition(backend: Storage, name: str = "shop") -> list[str]:
+    return [str(item["sk"]) for item in backend.table.query(keys.memory_store_pk("t", name))]
+
+
+def test_a_write_racing_a_store_deletion_leaves_nothing_for_a_store_made_again_under_its_name(
+    backend: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer (a task, a person) comes between the deletion's listing of the store's
+    items and their deletion. Were its store check passed (the STORE item is still there), its
+    document would outlive the deletion and show in a store made again under the name, one the
+    store does not count (deleting it would take the count below 0, past max_documents)."""
+    mem = backend.memory_stores
+    _store(backend)
+    mem.write("t", "shop", "/old.md", "kept before", author=PERSON)
+    listing = backend.table.query
+    racer: list[str] = []
+
+    def listed_then_written(pk: str, **kw: object) -> object:
+        items = listing(pk, **kw)  # type: ignore[arg-type]
+        if kw.get("keys_only") and pk == keys.memory_store_pk("t", "shop") and not racer:
+            try:
+                mem.write("t", "shop", "/ann.md", "card 4242", author=PERSON)
+                racer.append("written")
+            except MemoryStoreNotFound:
+                racer.append("store not found")
+        return items
+
+    monkeypatch.setattr(backend.table, "query", listed_then_written)
+    mem.delete_store("t", "shop")
+    monkeypatch.undo()
+    assert (_partition(backend), racer) == ([], ["store not found"])
+    _store(backend)
+    assert (mem.list_documents("t", "shop"), mem.get_store("t", "shop").documents) == ([], 0)
+
+
+@pytest.mark.parametrize("finished_by", ["deleting it again", "creating it again"])
+def test_a_deletion_cut_short_hides_the_store_and_deleting_or_creating_it_again_finishes_it(
+    backend: Storage, monkeypatch: pytest.MonkeyPatch, finished_by: str
+) -> None:
+    """The process deleting a store is killed before it deletes anything but the mark: the store
+    is not found (not listed, read or written: it is half gone), and its name is not kept for
+    ever by a deletion that will not go on."""
+    mem = backend.memory_stores
+    _store(backend)
+    _store(backend, name="other")
+    mem.write("t", "shop", "/ann.md", "card 4242", author=PERSON)
+
+    def killed(*args: object, **kw: object) -> None:
+        raise _Killed()
+
+    monkeypatch.setattr(backend.table, "transact", killed)
+    monkeypatch.setattr(backend.table, "batch_delete", killed)
+    with pytest.raises(_Killed):
+        mem.delete_store("t", "shop")
+    monkeypatch.undo()
+    assert "DOC#/ann.md" in _partition(backend)
+    assert [s.name for s in mem.list_stores("t")] == ["other"]
+    for refused in (
+        lambda: mem.get_store("t", "shop"),
+        lambda: mem.read("t", "shop", "/ann.md"),
+        lambda: mem.version("t", "shop", "/ann.md", 1),
+        lambda: mem.write("t", "shop", "/bob.md", "new", author=PERSON),
+        lambda: mem.update_store("t", "shop", MemoryStoreUpdate(description="x")),
+    ):
+        with pytest.raises(MemoryStoreNotFound):
+            refused()
+    if finished_by == "deleting it again":
+        assert mem.delete_store("t", "shop").documents == 1  # the store as it was
+        assert _partition(backend) == []
+        with pytest.raises(MemoryStoreNotFound):
+            mem.delete_store("t", "shop")
+    else:
+        made = mem.create_store("t", MemoryStoreSpec(name="shop", max_documents=1))
+        assert made.documents == 0 and _partition(backend) == ["STORE"]
+        mem.write("t", "shop", "/bob.md", "new", author=PERSON)  # its one document: nothing was left over
+    assert [s.name for s in mem.list_stores("t")] == (
+        ["other"] if finished_by == "deleting it again" else ["other", "shop"]
+    )
+
+
+def test_a_deleter_that_lost_its_turn_deletes_nothing_of_the_store_made_again(
+    backend: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deletions of one store (a retry after a timeout, a create finishing it): the one that
+    listed the items first and stalls is overtaken, the store is made again and written, and the
+    stalled one's deletes, of keys the new store's documents have too, must not land."""
+    mem = backend.memory_stores
+    _store(backend)
+    mem.write("t", "shop", "/ann.md", "old", author=PERSON)
+    listing = backend.table.query
+    overtaken: list[bool] = []
+
+    def stalls_after_listing(pk: str, **kw: object) -> object:
+        items = listing(pk, **kw)  # type: ignore[arg-type]
+        if kw.get("keys_only") and not overtaken:
+            overtaken.append(True)
+            mem.create_store("t", MemoryStoreSpec(name="shop"))  # finishes the deletion, then makes it again
+            mem.write("t", "shop", "/ann.md", "new", author=PERSON)
+        return items
+
+    monkeypatch.setattr(backend.table, "query", stalls_after_listing)
+    mem.delete_store("t", "shop")
+    monkeypatch.undo()
+    assert mem.read("t", "shop", "/ann.md").content == "new"
+    assert [v.version for v in mem.versions("t", "shop", "/ann.md")] == [1]
+    assert mem.get_store("t", "shop").documents == 1

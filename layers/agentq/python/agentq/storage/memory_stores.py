@@ -18,11 +18,17 @@ and the new version put if absent. The precondition (``expected_sha256``) is che
 head read at ``n``: if another writer moved it since, the transaction is refused, the head is
 read again, and a precondition that no longer holds is a ``MemoryConflict``: one writer wins,
 the other learns it lost, nothing is lost.
+
+A store is deleted in steps, each safe to repeat: the STORE item is marked ``deleting`` (from
+then on no write passes, the store is not found, and the name stays taken), the partition's
+other items are deleted, then the STORE item. Interrupted, the mark stays: deleting the store
+again, or creating one under its name, finishes the deletion.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from agentq.core.errors import ValidationError
@@ -39,17 +45,32 @@ from agentq.core.memory import (
     MemoryStoreUpdate,
     MemoryVersion,
     Operation,
-    check_path,
     content_sha256,
 )
 from agentq.core.models import Lease
 from agentq.storage import keys
 from agentq.storage.leases import why_fenced
+from agentq.storage.memory_items import (
+    DELETING,
+    checked_path,
+    conflict,
+    doc_key,
+    document_of,
+    expired,
+    finish_deletion,
+    is_live,
+    live,
+    search_hit,
+    store_key,
+    store_of,
+    version_of,
+)
 from agentq.storage.table import (
     Action,
     Check,
     ConditionFailed,
     Item,
+    Key,
     Patch,
     Put,
     Table,
@@ -57,7 +78,6 @@ from agentq.storage.table import (
     Update,
     absent,
     fence,
-    plain,
     present,
 )
 
@@ -65,7 +85,6 @@ DAY_SECONDS = 86_400
 ATTEMPTS = 8
 LIST_PAGE = 100
 MAX_SEARCH_HITS = 20
-SNIPPET_CHARS = 240
 
 
 class MemoryStores:
@@ -78,6 +97,8 @@ class MemoryStores:
     # --- stores ---------------------------------------------------------------------------
 
     def create_store(self, tenant: str, spec: MemoryStoreSpec) -> MemoryStore:
+        """A new store; its name taken by one whose deletion was interrupted, that deletion is
+        finished first (so a name is never kept by a deletion that will not go on)."""
         now = time.time()
         item = {
             "pk": keys.memory_store_pk(tenant, spec.name),
@@ -90,20 +111,29 @@ class MemoryStores:
             "gsi1pk": keys.tenant_memory_stores_pk(tenant),
             "gsi1sk": spec.name,
         }
-        try:
-            self.table.put(item, condition=absent())
-        except ConditionFailed as exc:
-            raise MemoryConflict(f"a memory store named {spec.name!r} exists already", field="name") from exc
-        return _store(item)
+        for _ in range(ATTEMPTS):
+            try:
+                self.table.put(item, condition=absent())
+                return store_of(item)
+            except ConditionFailed as exc:
+                old = exc.old if exc.old is not None else self.table.get(store_key(tenant, spec.name))
+            if is_live(old):
+                raise MemoryConflict(f"a memory store named {spec.name!r} exists already", field="name")
+            if old is not None:
+                finish_deletion(self.table, tenant, spec.name, str(old[DELETING]))
+        raise MemoryConflict(f"memory store {spec.name!r} is being deleted and made again by others; try again",
+                             field="name")  # fmt: skip
 
     def get_store(self, tenant: str, name: str) -> MemoryStore:
-        item = self.table.get(_store_key(tenant, name))
-        if item is None:
+        """A store; one being deleted is not found (nothing may be written to it any more)."""
+        item = self.table.get(store_key(tenant, name))
+        if not is_live(item):
             raise MemoryStoreNotFound(f"no memory store {name!r}", field="store")
-        return _store(item)
+        assert item is not None
+        return store_of(item)
 
     def list_stores(self, tenant: str) -> list[MemoryStore]:
-        """A tenant's stores by name."""
+        """A tenant's stores by name (not those being deleted)."""
         from agentq.resources import GSI1
 
         heads: list[Item] = []
@@ -121,47 +151,63 @@ class MemoryStores:
                 break
             start = page.last_key
         found = self.table.batch_get([{"pk": item["pk"], "sk": keys.MEMORY_STORE} for item in heads])
-        return sorted((_store(item) for item in found), key=lambda store: store.name)
+        return sorted((store_of(item) for item in found if is_live(item)), key=lambda store: store.name)
 
     def update_store(self, tenant: str, name: str, update: MemoryStoreUpdate) -> MemoryStore:
         """Change a store's settings; a limit lowered below what it holds stops new documents only."""
         changes = update.model_dump(exclude_none=True)
         try:
             item = self.table.update(
-                _store_key(tenant, name),
+                store_key(tenant, name),
                 Update(set={**changes, "updated_at": time.time()}),
+                condition=live(),
+                returns="ALL_NEW",
+            )
+        except ConditionFailed as exc:
+            raise MemoryStoreNotFound(f"no memory store {name!r}", field="store") from exc
+        assert item is not None
+        return store_of(item)
+
+    def delete_store(self, tenant: str, name: str) -> MemoryStore:
+        """Delete a store with every document and version in it; answers it as it was. A store
+        whose deletion was interrupted is not found by the other reads, but is here: deleting it
+        again finishes it."""
+        try:
+            item = self.table.update(
+                store_key(tenant, name),
+                Update(set_if_absent={DELETING: uuid.uuid4().hex}),  # a second deleter joins the first's
                 condition=present(),
                 returns="ALL_NEW",
             )
         except ConditionFailed as exc:
             raise MemoryStoreNotFound(f"no memory store {name!r}", field="store") from exc
         assert item is not None
-        return _store(item)
-
-    def delete_store(self, tenant: str, name: str) -> None:
-        """Delete a store with every document and version in it."""
-        self.get_store(tenant, name)
-        items = self.table.query(keys.memory_store_pk(tenant, name), keys_only=True)
-        # The STORE item last: a store half deleted by a crash is still listed, and deleting it again finishes.
-        ordered = sorted(items, key=lambda item: item["sk"] == keys.MEMORY_STORE)
-        self.table.batch_delete([{"pk": item["pk"], "sk": item["sk"]} for item in ordered])
+        finish_deletion(self.table, tenant, name, str(item[DELETING]))
+        return store_of(item)
 
     # --- documents ------------------------------------------------------------------------
 
     def list_documents(self, tenant: str, store: str, prefix: str = "/") -> list[MemoryDocument]:
         """The store's documents whose path starts with ``prefix``, by path, without content."""
-        _path(prefix, prefix=True)
+        checked_path(prefix, prefix=True)
         self.get_store(tenant, store)
         items = self.table.query(keys.memory_store_pk(tenant, store), prefix=keys.memory_doc_sk(prefix))
-        return [_document(store, item, content=False) for item in items if not item.get("deleted")]
+        return [document_of(store, item, content=False) for item in items if not item.get("deleted")]
 
     def read(self, tenant: str, store: str, path: str) -> MemoryDocument:
-        _path(path)
-        head = self.table.get(_doc_key(tenant, store, path))
+        checked_path(path)
+        head = self._in_store(tenant, store, doc_key(tenant, store, path))
         if head is None or head.get("deleted"):
-            self.get_store(tenant, store)  # a missing store says so, not "no document"
             raise MemoryDocumentNotFound(f"no document {path!r} in memory store {store!r}", field="path")
-        return _document(store, head, content=True)
+        return document_of(store, head, content=True)
+
+    def _in_store(self, tenant: str, store: str, key: Key) -> Item | None:
+        """The item at ``key`` of a store, read with the STORE item in one request: a store
+        missing or being deleted is not found, rather than answering what is left of it."""
+        found = {str(item["sk"]): item for item in self.table.batch_get([store_key(tenant, store), key])}
+        if not is_live(found.get(keys.MEMORY_STORE)):
+            raise MemoryStoreNotFound(f"no memory store {store!r}", field="store")
+        return found.get(key["sk"])
 
     def write(
         self,
@@ -181,7 +227,7 @@ class MemoryStores:
         ``expected_sha256``: the content hash the writer last read; None means the writer
         expects no document there. ``unconditional`` (a person's overwrite) skips both.
         ``lease``: a task's write, fenced by its lease."""
-        _path(path)
+        checked_path(path)
         size = len(content.encode("utf-8"))
         digest = content_sha256(content)
         for _ in range(ATTEMPTS):
@@ -192,18 +238,18 @@ class MemoryStores:
                     f"{settings.max_document_bytes:,} bytes",
                     field="content",
                 )
-            head = self.table.get(_doc_key(tenant, store, path))
-            live = head is not None and not head.get("deleted")
-            current = str(head["content_sha256"]) if live and head is not None else None
+            head = self.table.get(doc_key(tenant, store, path))
+            exists = head is not None and not head.get("deleted")
+            current = str(head["content_sha256"]) if exists and head is not None else None
             if not unconditional and current != expected_sha256:
-                raise _conflict(store, path, expected_sha256, current)
+                raise conflict(store, path, expected_sha256, current)
             if current == digest:
                 assert head is not None
-                return _document(store, head, content=True), False
+                return document_of(store, head, content=True), False
             version = int(head["version"]) + 1 if head is not None else 1
-            operation: Operation = "modified" if live else "created"
+            operation: Operation = "modified" if exists else "created"
             try:
-                self._change(tenant, settings, path, head, version, operation, content, author, lease, adds=not live)
+                self._change(tenant, settings, path, head, version, operation, content, author, lease, adds=not exists)
             except _Retry:
                 continue
             return self.read(tenant, store, path), True
@@ -221,15 +267,15 @@ class MemoryStores:
     ) -> MemoryVersion:
         """Delete a document (its versions stay, until retention drops them); with
         ``expected_sha256``, only if it still has that content."""
-        _path(path)
+        checked_path(path)
         for _ in range(ATTEMPTS):
             settings = self.get_store(tenant, store)
-            head = self.table.get(_doc_key(tenant, store, path))
+            head = self.table.get(doc_key(tenant, store, path))
             if head is None or head.get("deleted"):
                 raise MemoryDocumentNotFound(f"no document {path!r} in memory store {store!r}", field="path")
             current = str(head["content_sha256"])
             if expected_sha256 is not None and current != expected_sha256:
-                raise _conflict(store, path, expected_sha256, current)
+                raise conflict(store, path, expected_sha256, current)
             version = int(head["version"]) + 1
             try:
                 self._change(tenant, settings, path, head, version, "deleted", None, author, lease, adds=False)
@@ -252,7 +298,8 @@ class MemoryStores:
         *,
         adds: bool,
     ) -> None:
-        """One transaction: lease, store, head from ``version - 1`` to ``version``, the version."""
+        """One transaction: lease, store (present, not being deleted), head from ``version - 1``
+        to ``version``, the version."""
         from boto3.dynamodb.conditions import Attr
 
         now = time.time()
@@ -278,16 +325,15 @@ class MemoryStores:
             "expires_at": int(now + settings.version_retention_days * DAY_SECONDS),
             **({} if content is None else state),
         }  # fmt: skip
-        store_key = _store_key(tenant, settings.name)
+        at = store_key(tenant, settings.name)
         if adds:
             store_action: Action = Patch(
-                "store", store_key, Update(add={"documents": 1}),
-                present() & Attr("documents").lt(settings.max_documents),
-            )  # fmt: skip
+                "store", at, Update(add={"documents": 1}), live() & Attr("documents").lt(settings.max_documents)
+            )
         elif operation == "deleted":
-            store_action = Patch("store", store_key, Update(add={"documents": -1}), present())
+            store_action = Patch("store", at, Update(add={"documents": -1}), live())
         else:
-            store_action = Check("store", store_key, present())
+            store_action = Check("store", at, live())
         actions: list[Action] = []
         if lease is not None:
             actions.append(Check("lease", keys.meta_key(lease.task_id), fence(lease)))
@@ -302,9 +348,10 @@ class MemoryStores:
             if "lease" in exc.failed and lease is not None:
                 raise why_fenced(self.table, lease) from exc
             if "store" in exc.failed:
-                now_store = self.table.get(store_key)
-                if now_store is None:
+                now_store = self.table.get(at)
+                if not is_live(now_store):
                     raise MemoryStoreNotFound(f"no memory store {settings.name!r}", field="store") from exc
+                assert now_store is not None
                 if adds and int(now_store["documents"]) >= int(now_store["max_documents"]):
                     raise MemoryLimitExceeded(
                         f"memory store {settings.name!r} holds {int(now_store['documents'])} documents, its limit; "
@@ -317,24 +364,24 @@ class MemoryStores:
 
     def versions(self, tenant: str, store: str, path: str) -> list[MemoryVersion]:
         """A document's retained versions, newest first (a deleted document's too)."""
-        _path(path)
+        checked_path(path)
         self.get_store(tenant, store)
         items = self.table.query(
             keys.memory_store_pk(tenant, store), prefix=keys.memory_versions_prefix(path), descending=True
         )
         now = time.time()
-        found = [_version(store, item) for item in items if not _expired(item, now)]
+        found = [version_of(store, item) for item in items if not expired(item, now)]
         if not found:
             raise MemoryDocumentNotFound(f"no versions of {path!r} in memory store {store!r}", field="path")
         return found
 
     def version(self, tenant: str, store: str, path: str, version: int) -> MemoryVersion:
-        _path(path)
-        item = self.table.get({"pk": keys.memory_store_pk(tenant, store), "sk": keys.memory_version_sk(path, version)})
-        if item is None or _expired(item, time.time()):
-            self.get_store(tenant, store)
+        checked_path(path)
+        key = {"pk": keys.memory_store_pk(tenant, store), "sk": keys.memory_version_sk(path, version)}
+        item = self._in_store(tenant, store, key)
+        if item is None or expired(item, time.time()):
             raise MemoryDocumentNotFound(f"no version {version} of {path!r} in memory store {store!r}", field="version")
-        return _version(store, item)
+        return version_of(store, item)
 
     def redact(self, tenant: str, store: str, path: str, version: int) -> MemoryVersion:
         """Remove a past version's content for good (its author and time stay). The version
@@ -342,7 +389,7 @@ class MemoryStores:
         from boto3.dynamodb.conditions import Attr
 
         existing = self.version(tenant, store, path, version)
-        head = self.table.get(_doc_key(tenant, store, path))
+        head = self.table.get(doc_key(tenant, store, path))
         if head is not None and not head.get("deleted") and int(head["version"]) == version:
             raise MemoryConflict(
                 f"version {version} is the current content of {path!r}: overwrite or delete the document first",
@@ -361,7 +408,7 @@ class MemoryStores:
         except ConditionFailed:
             return self.version(tenant, store, path, version)
         assert item is not None
-        return _version(store, item)
+        return version_of(store, item)
 
     # --- search ---------------------------------------------------------------------------
 
@@ -373,103 +420,11 @@ class MemoryStores:
         if not words:
             raise ValidationError("query: give at least one word", field="query")
         self.get_store(tenant, store)
-        hits: list[MemorySearchHit] = []
-        for item in self.table.query(keys.memory_store_pk(tenant, store), prefix=keys.MEMORY_DOC):
-            if item.get("deleted"):
-                continue
-            path, content = str(item["path"]), str(item["content"])
-            text = f"{path}\n{content}".lower()
-            counts = [text.count(word) for word in words]
-            if all(counts):
-                hits.append(
-                    MemorySearchHit(
-                        path=path,
-                        content_sha256=str(item["content_sha256"]),
-                        matches=sum(counts),
-                        snippet=_snippet(content, words[0]),
-                    )
-                )
+        items = self.table.query(keys.memory_store_pk(tenant, store), prefix=keys.MEMORY_DOC)
+        hits = [hit for item in items if not item.get("deleted") and (hit := search_hit(item, words)) is not None]
         hits.sort(key=lambda hit: (-hit.matches, hit.path))
         return hits[: max(1, min(limit, MAX_SEARCH_HITS))]
 
 
 class _Retry(Exception):
     """The head moved under the transaction: read it again."""
-
-
-def _conflict(store: str, path: str, expected: str | None, current: str | None) -> MemoryConflict:
-    said = f"there is no document {path!r}" if current is None else f"{path!r} has content_sha256 {current}"
-    wanted = "no document there" if expected is None else f"content_sha256 {expected}"
-    return MemoryConflict(
-        f"memory store {store!r}: {said}, but the write expected {wanted}: it changed since it was read "
-        "(read it again, then write with its content_sha256)",
-        field="expected_sha256",
-        current_sha256=current,
-    )
-
-
-def _snippet(content: str, word: str) -> str:
-    at = content.lower().find(word)
-    start = max(0, at - SNIPPET_CHARS // 3) if at >= 0 else 0
-    piece = content[start : start + SNIPPET_CHARS]
-    return ("…" if start > 0 else "") + piece + ("…" if start + SNIPPET_CHARS < len(content) else "")
-
-
-def _path(path: str, *, prefix: bool = False) -> str:
-    """``check_path``, its refusal a ``ValidationError`` naming the field (a 422, not a 500)."""
-    try:
-        return check_path(path, prefix=prefix)
-    except ValueError as exc:
-        raise ValidationError(
-            f"{'path_prefix' if prefix else 'path'}: {exc}", field="path_prefix" if prefix else "path"
-        ) from None
-
-
-def _expired(item: Item, now: float) -> bool:
-    """DynamoDB's TTL deletes within days of ``expires_at``, not at it: a read hides what is due."""
-    return "expires_at" in item and float(item["expires_at"]) <= now
-
-
-def _store_key(tenant: str, name: str) -> dict[str, str]:
-    return {"pk": keys.memory_store_pk(tenant, name), "sk": keys.MEMORY_STORE}
-
-
-def _doc_key(tenant: str, store: str, path: str) -> dict[str, str]:
-    return {"pk": keys.memory_store_pk(tenant, store), "sk": keys.memory_doc_sk(path)}
-
-
-def _store(item: Item) -> MemoryStore:
-    data = plain(item)
-    return MemoryStore.model_validate({name: data[name] for name in MemoryStore.model_fields if name in data})
-
-
-def _document(store: str, item: Item, *, content: bool) -> MemoryDocument:
-    data = plain(item)
-    return MemoryDocument(
-        store=store,
-        path=data["path"],
-        content=data["content"] if content else None,
-        content_sha256=data["content_sha256"],
-        content_size_bytes=data["content_size_bytes"],
-        version=data["version"],
-        created_at=data["created_at"],
-        updated_at=data["updated_at"],
-        updated_by=Author.model_validate(data["updated_by"]),
-    )
-
-
-def _version(store: str, item: Item) -> MemoryVersion:
-    data = plain(item)
-    return MemoryVersion(
-        store=store,
-        path=data["path"],
-        version=data["version"],
-        operation=data["operation"],
-        content=data.get("content"),
-        content_sha256=data.get("content_sha256"),
-        content_size_bytes=data.get("content_size_bytes"),
-        created_at=data["created_at"],
-        created_by=Author.model_validate(data["created_by"]),
-        redacted_at=data.get("redacted_at"),
-        expires_at=data.get("expires_at"),
-    )

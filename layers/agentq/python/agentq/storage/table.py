@@ -338,7 +338,10 @@ def transact_through_conflicts(table: Table, actions: Sequence[Action]) -> None:
     grade of a version that hour adds to), not that the write was made: dropping a release would
     lose the slot for good. Bounded, with jitter (at most ~0.3 s of waits); still conflicting, the
     conflict is raised, for the caller to leave for later (the message not deleted, its next
-    delivery releases; the count kept on the task for its ending to make)."""
+    delivery releases; the count kept on the task for its ending to make). A memory store's
+    deletion uses it too (``storage.memory_items.finish_deletion``: every delete checks the
+    store's one item, as a concurrent deleter's do; still conflicting, the caller is told to try
+    again)."""
     for attempt in range(RELEASE_ATTEMPTS):
         try:
             table.transact(actions)

@@ -112,12 +112,17 @@ def router(deps: ApiDeps) -> Router:
     def update_store(name: StoreName, update: Annotated[MemoryStoreUpdate, Body()]) -> MemoryStore:
         return stores().update_store(tenant(), name, update)
 
-    @routes.delete("/memory-stores/<name>", summary="Delete a memory store, its documents and versions",
-                   operation_id="deleteMemoryStore", tags=TAGS, responses=responses(200, MemoryStore, 404, 422))  # fmt: skip
+    @routes.delete(
+        "/memory-stores/<name>",
+        summary="Delete a memory store, its documents and versions",
+        description="A deletion cut short (a timeout) leaves the store unlisted and unwritable: deleting it again "
+        "finishes it (as does creating a store of that name). 409 while another request deletes it too.",
+        operation_id="deleteMemoryStore",
+        tags=TAGS,
+        responses=responses(200, MemoryStore, 404, 409, 422),
+    )
     def delete_store(name: StoreName) -> MemoryStore:
-        gone = stores().get_store(tenant(), name)
-        stores().delete_store(tenant(), name)
-        return gone
+        return stores().delete_store(tenant(), name)
 
     @routes.get("/memory-stores/<name>/documents", summary="List a store's documents (no content)",
                 operation_id="listMemoryDocuments", tags=TAGS, responses=responses(200, MemoryDocumentList, 404, 422))  # fmt: skip

@@ -1,0 +1,177 @@
+"""A memory store's items (``storage.memory_stores``) as ``core.memory``'s models, their keys,
+and what the store's reads and writes share: the path check, the precondition's refusal, a
+version past its retention, a store being deleted and its deletion carried out, a search hit.
+
+Apart from ``memory_stores`` so that each module stays a size one reads whole."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from agentq.core.errors import ValidationError
+from agentq.core.memory import (
+    Author,
+    MemoryConflict,
+    MemoryDocument,
+    MemorySearchHit,
+    MemoryStore,
+    MemoryVersion,
+    check_path,
+)
+from agentq.storage import keys
+from agentq.storage.table import (
+    MAX_TRANSACTION_ACTIONS,
+    Check,
+    ConditionFailed,
+    Delete,
+    Item,
+    Key,
+    Table,
+    TransactionCancelled,
+    TransactionConflict,
+    plain,
+    present,
+    transact_through_conflicts,
+)
+
+if TYPE_CHECKING:
+    from boto3.dynamodb.conditions import ConditionBase
+
+SNIPPET_CHARS = 240
+# The STORE item's mark of a deletion under way (a token): from it on, the store is not found,
+# no write passes, and the name stays taken until the deletion removes the STORE item, last.
+DELETING = "deleting"
+
+
+def live() -> ConditionBase:
+    """The store exists and no deletion has marked it: the condition of every write to it."""
+    from boto3.dynamodb.conditions import Attr
+
+    return present() & Attr(DELETING).not_exists()
+
+
+def is_live(item: Item | None) -> bool:
+    """``live`` on a STORE item as read."""
+    return item is not None and DELETING not in item
+
+
+def conflict(store: str, path: str, expected: str | None, current: str | None) -> MemoryConflict:
+    said = f"there is no document {path!r}" if current is None else f"{path!r} has content_sha256 {current}"
+    wanted = "no document there" if expected is None else f"content_sha256 {expected}"
+    return MemoryConflict(
+        f"memory store {store!r}: {said}, but the write expected {wanted}: it changed since it was read "
+        "(read it again, then write with its content_sha256)",
+        field="expected_sha256",
+        current_sha256=current,
+    )
+
+
+def snippet(content: str, word: str) -> str:
+    at = content.lower().find(word)
+    start = max(0, at - SNIPPET_CHARS // 3) if at >= 0 else 0
+    piece = content[start : start + SNIPPET_CHARS]
+    return ("…" if start > 0 else "") + piece + ("…" if start + SNIPPET_CHARS < len(content) else "")
+
+
+def checked_path(path: str, *, prefix: bool = False) -> str:
+    """``check_path``, its refusal a ``ValidationError`` naming the field (a 422, not a 500)."""
+    try:
+        return check_path(path, prefix=prefix)
+    except ValueError as exc:
+        raise ValidationError(
+            f"{'path_prefix' if prefix else 'path'}: {exc}", field="path_prefix" if prefix else "path"
+        ) from None
+
+
+def expired(item: Item, now: float) -> bool:
+    """DynamoDB's TTL deletes within days of ``expires_at``, not at it: a read hides what is due."""
+    return "expires_at" in item and float(item["expires_at"]) <= now
+
+
+def store_key(tenant: str, name: str) -> dict[str, str]:
+    return {"pk": keys.memory_store_pk(tenant, name), "sk": keys.MEMORY_STORE}
+
+
+def doc_key(tenant: str, store: str, path: str) -> dict[str, str]:
+    return {"pk": keys.memory_store_pk(tenant, store), "sk": keys.memory_doc_sk(path)}
+
+
+def store_of(item: Item) -> MemoryStore:
+    data = plain(item)
+    return MemoryStore.model_validate({name: data[name] for name in MemoryStore.model_fields if name in data})
+
+
+def document_of(store: str, item: Item, *, content: bool) -> MemoryDocument:
+    data = plain(item)
+    return MemoryDocument(
+        store=store,
+        path=data["path"],
+        content=data["content"] if content else None,
+        content_sha256=data["content_sha256"],
+        content_size_bytes=data["content_size_bytes"],
+        version=data["version"],
+        created_at=data["created_at"],
+        updated_at=data["updated_at"],
+        updated_by=Author.model_validate(data["updated_by"]),
+    )
+
+
+def version_of(store: str, item: Item) -> MemoryVersion:
+    data = plain(item)
+    return MemoryVersion(
+        store=store,
+        path=data["path"],
+        version=data["version"],
+        operation=data["operation"],
+        content=data.get("content"),
+        content_sha256=data.get("content_sha256"),
+        content_size_bytes=data.get("content_size_bytes"),
+        created_at=data["created_at"],
+        created_by=Author.model_validate(data["created_by"]),
+        redacted_at=data.get("redacted_at"),
+        expires_at=data.get("expires_at"),
+    )
+
+
+def finish_deletion(table: Table, tenant: str, name: str, mark: str) -> None:
+    """Delete the partition of the store marked ``mark``, its STORE item last.
+
+    After the mark no write commits, so one listing holds every other item. Each delete of
+    them is a transaction that checks the mark: a deleter that lost the race to another
+    (a retried delete, a create finishing it) deletes nothing once the STORE item is gone,
+    not even the documents of a store made again under the name since."""
+    from boto3.dynamodb.conditions import Attr
+
+    key = store_key(tenant, name)
+    marked = Check("store", key, Attr(DELETING).eq(mark))
+    rest: list[Key] = [
+        {"pk": item["pk"], "sk": item["sk"]}
+        for item in table.query(keys.memory_store_pk(tenant, name), keys_only=True)
+        if item["sk"] != keys.MEMORY_STORE
+    ]
+    size = MAX_TRANSACTION_ACTIONS - 1
+    for at in range(0, len(rest), size):
+        deletes = [Delete(f"item{i}", k) for i, k in enumerate(rest[at : at + size])]
+        try:
+            transact_through_conflicts(table, [marked, *deletes])
+        except TransactionCancelled:
+            return  # another deleter finished it
+        except TransactionConflict as exc:
+            raise MemoryConflict(
+                f"memory store {name!r} is being deleted by another request too; try again", field="name"
+            ) from exc
+    with contextlib.suppress(ConditionFailed):  # failed: another deleter finished it
+        table.delete(key, condition=Attr(DELETING).eq(mark))
+
+
+def search_hit(item: Item, words: list[str]) -> MemorySearchHit | None:
+    """A document head as a search hit, if its path and content hold every word (lowercase)."""
+    path, content = str(item["path"]), str(item["content"])
+    text = f"{path}\n{content}".lower()
+    counts = [text.count(word) for word in words]
+    if not all(counts):
+        return None
+    return MemorySearchHit(
+        path=path, content_sha256=str(item["content_sha256"]), matches=sum(counts), snippet=snippet(content, words[0])
+    )
