@@ -308,3 +308,51 @@ def test_a_deleter_that_lost_its_turn_deletes_nothing_of_the_store_made_again(
     assert mem.read("t", "shop", "/ann.md").content == "new"
     assert [v.version for v in mem.versions("t", "shop", "/ann.md")] == [1]
     assert mem.get_store("t", "shop").documents == 1
+
+
+class _Busy:
+    """The table, its first ``conflicts`` transactions cancelled as DynamoDB cancels one that meets
+    another on one of its items (``TransactionConflict``: nothing written). Every memory write
+    transacts on its store's one STORE item, so writers of any two documents of a store meet
+    there; neither moto nor the memory twin ever answers it."""
+
+    def __init__(self, table: object, conflicts: float) -> None:
+        self.table, self.conflicts, self.met = table, conflicts, 0
+
+    def transact(self, actions: object, **kw: object) -> None:
+        from agentq.storage.table import TransactionConflict
+
+        if self.met < self.conflicts:
+            self.met += 1
+            raise TransactionConflict("Transaction is ongoing for the item")
+        self.table.transact(actions, **kw)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.table, name)
+
+
+def test_a_write_that_meets_a_transaction_conflict_on_the_store_item_is_tried_again(backend: Storage) -> None:
+    from agentq.storage.memory_stores import MemoryStores
+
+    _store(backend)
+    busy = _Busy(backend.table, conflicts=2)
+    mem = MemoryStores(busy)  # type: ignore[arg-type]
+    doc, written = mem.write("t", "shop", "/ann.md", "card 4242", author=PERSON)
+    assert written and doc.version == 1 and busy.met == 2
+    busy.conflicts += 2
+    gone = mem.delete_document("t", "shop", "/ann.md", author=PERSON, expected_sha256=doc.content_sha256)
+    assert gone.version == 2 and busy.met == 4
+
+
+def test_a_store_item_busy_past_the_retries_is_a_conflict_to_try_again_and_nothing_is_written(
+    backend: Storage,
+) -> None:
+    """Not an unexpected error (a 500 through the API, a raw error for the memory tool)."""
+    from agentq.storage.memory_stores import MemoryStores
+
+    _store(backend)
+    mem = MemoryStores(_Busy(backend.table, conflicts=float("inf")))  # type: ignore[arg-type]
+    with pytest.raises(MemoryConflict, match="try again") as busy:
+        mem.write("t", "shop", "/ann.md", "card 4242", author=PERSON)
+    assert busy.value.field == "path"
+    assert backend.memory_stores.get_store("t", "shop").documents == 0 and _partition(backend) == ["STORE"]

@@ -17,7 +17,9 @@ document head moved from version ``n`` to ``n+1`` on the condition that it is st
 and the new version put if absent. The precondition (``expected_sha256``) is checked against the
 head read at ``n``: if another writer moved it since, the transaction is refused, the head is
 read again, and a precondition that no longer holds is a ``MemoryConflict``: one writer wins,
-the other learns it lost, nothing is lost.
+the other learns it lost, nothing is lost. Every write of a store transacts on its one STORE
+item, so two writers of any two of its documents may meet there (DynamoDB's
+``TransactionConflict``: nothing written): the write is tried again after a jittered wait.
 
 A store is deleted in steps, each safe to repeat: the STORE item is marked ``deleting`` (from
 then on no write passes, the store is not found, and the name stays taken), the partition's
@@ -27,6 +29,7 @@ again, or creating one under its name, finishes the deletion.
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
 from typing import Any
@@ -75,6 +78,7 @@ from agentq.storage.table import (
     Put,
     Table,
     TransactionCancelled,
+    TransactionConflict,
     Update,
     absent,
     fence,
@@ -83,6 +87,7 @@ from agentq.storage.table import (
 
 DAY_SECONDS = 86_400
 ATTEMPTS = 8
+CONFLICT_BACKOFF_SECONDS = 0.02  # the first wait's ceiling after a TransactionConflict; doubles, up to 0.5 s
 LIST_PAGE = 100
 MAX_SEARCH_HITS = 20
 
@@ -230,7 +235,7 @@ class MemoryStores:
         checked_path(path)
         size = len(content.encode("utf-8"))
         digest = content_sha256(content)
-        for _ in range(ATTEMPTS):
+        for attempt in range(ATTEMPTS):
             settings = self.get_store(tenant, store)
             if size > settings.max_document_bytes:
                 raise MemoryLimitExceeded(
@@ -250,7 +255,8 @@ class MemoryStores:
             operation: Operation = "modified" if exists else "created"
             try:
                 self._change(tenant, settings, path, head, version, operation, content, author, lease, adds=not exists)
-            except _Retry:
+            except _Retry as retry:
+                retry.wait(attempt)
                 continue
             return self.read(tenant, store, path), True
         raise MemoryConflict(f"document {path!r} is being changed by others; try again", field="path")
@@ -268,7 +274,7 @@ class MemoryStores:
         """Delete a document (its versions stay, until retention drops them); with
         ``expected_sha256``, only if it still has that content."""
         checked_path(path)
-        for _ in range(ATTEMPTS):
+        for attempt in range(ATTEMPTS):
             settings = self.get_store(tenant, store)
             head = self.table.get(doc_key(tenant, store, path))
             if head is None or head.get("deleted"):
@@ -279,7 +285,8 @@ class MemoryStores:
             version = int(head["version"]) + 1
             try:
                 self._change(tenant, settings, path, head, version, "deleted", None, author, lease, adds=False)
-            except _Retry:
+            except _Retry as retry:
+                retry.wait(attempt)
                 continue
             return self.version(tenant, store, path, version)
         raise MemoryConflict(f"document {path!r} is being changed by others; try again", field="path")
@@ -299,7 +306,7 @@ class MemoryStores:
         adds: bool,
     ) -> None:
         """One transaction: lease, store (present, not being deleted), head from ``version - 1``
-        to ``version``, the version."""
+        to ``version``, the version. ``_Retry`` when the head moved or the store item was busy."""
         from boto3.dynamodb.conditions import Attr
 
         now = time.time()
@@ -344,6 +351,8 @@ class MemoryStores:
         ]
         try:
             self.table.transact(actions)
+        except TransactionConflict as exc:
+            raise _Retry(busy=True) from exc  # another write of this store's STORE item, at the same moment
         except TransactionCancelled as exc:
             if "lease" in exc.failed and lease is not None:
                 raise why_fenced(self.table, lease) from exc
@@ -427,4 +436,14 @@ class MemoryStores:
 
 
 class _Retry(Exception):
-    """The head moved under the transaction: read it again."""
+    """The head moved under the transaction: read it again. ``busy``: the transaction met another
+    on the store's item (TransactionConflict) and wrote nothing: wait a little first, as the
+    other writers of that hot item would all try again at once."""
+
+    def __init__(self, *, busy: bool = False) -> None:
+        super().__init__("try the write again")
+        self.busy = busy
+
+    def wait(self, attempt: int) -> None:
+        if self.busy:
+            time.sleep(random.uniform(0, min(0.5, CONFLICT_BACKOFF_SECONDS * 2**attempt)))
