@@ -191,10 +191,12 @@ def test_the_document_states_the_rules_the_server_enforces() -> None:
     for bad in ("a.md", "/a.md\n", "/a b", "/a//b", "/" + "/".join(["s"] * 21), "/a#b"):
         assert not search(PATH_PATTERN, bad), bad
     assert "pattern" in _param("/memory-stores/{name}/documents", "get", "path_prefix")
-    # Page cursors: base64url of at most 1,024 characters; metadata filters: key=value.
-    for route in ("/tasks", "/tasks/{task_id}/trace"):
+    # Page cursors: base64url of at most 1,024 characters (2,048 for a documents cursor, which names
+    # a path of up to 1,010 bytes); metadata filters: key=value.
+    for route, longest in (("/tasks", 1024), ("/tasks/{task_id}/trace", 1024), ("/memory-stores", 1024),
+                           ("/memory-stores/{name}/documents", 2048)):  # fmt: skip
         cursor = _param(route, "get", "cursor")
-        assert cursor["maxLength"] == 1024 and cursor["pattern"] == "^[A-Za-z0-9_-]*$"
+        assert cursor["maxLength"] == longest and cursor["pattern"] == "^[A-Za-z0-9_-]*$"
     assert _param("/tasks", "get", "metadata")["items"]["pattern"] == "^[^=]+="
     assert "<task_id>:<step>.<seq>.<rank>.<sub>" in _param("/tasks/{task_id}/events", "get", "after")["description"]
     # Schedule expressions: every one next_fire takes matches the pattern, and what it does not, not.

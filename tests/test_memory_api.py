@@ -17,7 +17,13 @@ from agentq.cli.main import main
 from agentq.core.memory import content_sha256
 
 from tests.api_support import ApiStack
-from tests.helpers import call
+from tests.helpers import call, dynamo
+from tests.lambda_support import FakeLambdaContext
+from tests.test_api_routes import A, Api, api
+
+__all__ = ["api"]  # the deployment of tests/test_api_routes.py: the Lambda handler, its own table
+
+LAMBDA_RESPONSE_BYTES = 6 * 1024 * 1024  # a synchronous invocation's answer (API Gateway: 502 past it)
 
 
 def _name() -> str:
@@ -97,6 +103,12 @@ def test_the_client_reads_edits_redacts_searches_and_deletes(client: Client) -> 
     assert client.memory.redact(name, "/c/ann.md", first.version).content is None
     assert [h.path for h in client.memory.search(name, "LAMP")] == ["/c/ann.md"]
     assert [d.path for d in client.memory.documents(name, "/c/")] == ["/c/ann.md"]
+    client.memory.write(name, "/c/bob.md", "ordered a shade")
+    client.memory.write(name, "/d.md", "not under /c/")
+    assert [d.path for d in client.memory.documents(name, "/c/", page_size=1)] == ["/c/ann.md", "/c/bob.md"]
+    assert name in [s.name for s in client.memory.list_stores(page_size=1)]
+    client.memory.delete(name, "/c/bob.md")
+    client.memory.delete(name, "/d.md")
     with pytest.raises(InvalidRequest) as bad:
         client.memory.read(name, "relative")
     assert bad.value.field == "path"
@@ -234,3 +246,100 @@ def test_an_end_users_token_attaches_no_store_itself_and_its_agents_store_still_
     task_id = api.submit({"goal": "x", "agent": agent}, key=token)
     assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=token)["status"] == "succeeded"
     assert "returns: 30 days" in json.dumps(api.http("GET", f"/tasks/{task_id}/trace", key=token)[1])
+
+
+def _seed_documents(api: Api, store: str, count: int) -> list[str]:
+    """``count`` documents of long (valid) paths written straight to the table, as that many PUTs
+    would leave them (thousands of PUTs would take minutes): content "x", version 1."""
+    import boto3
+
+    from agentq.core.memory import check_path
+    from agentq.storage import keys
+
+    table = boto3.resource("dynamodb", endpoint_url=api.settings.endpoint_url, region_name="us-east-1",
+                           aws_access_key_id="x", aws_secret_access_key="x").Table(dynamo(api.store).name)  # fmt: skip
+    paths = ["/" + f"{i:05d}" + "a" * 195 + ("/" + "a" * 200) * 4 for i in range(count)]  # 1,005 bytes each
+    with table.batch_writer() as batch:
+        for path in paths:
+            assert check_path(path)
+            batch.put_item(Item={
+                "pk": keys.memory_store_pk(A, store), "sk": keys.memory_doc_sk(path), "path": path, "version": 1,
+                "content": "x", "content_sha256": content_sha256("x"), "content_size_bytes": 1,
+                "created_at": 1, "updated_at": 1, "updated_by": {"type": "api"},
+            })  # fmt: skip
+    return paths
+
+
+def _lambda_get(api: Api, path: str) -> tuple[int, Any, int]:
+    """A GET through the Lambda handler: status, body, and the answer's size in bytes."""
+    from agentq.api.http_server import proxy_event
+
+    answer = api.handler.lambda_handler(proxy_event("GET", path, {}, None, tenant=A), FakeLambdaContext(30))
+    return answer["statusCode"], json.loads(answer["body"]), len(answer["body"].encode())
+
+
+def test_a_store_s_documents_are_listed_in_pages_each_within_one_lambda_answer(api: Api) -> None:
+    """5,000 documents of 1,005-byte paths (a store may hold 10,000) answered 6.5 MB in one
+    listing, past the 6 MB a Lambda may answer (API Gateway's 502), having read all their content.
+    Pages, of the default size or the largest, stay under it, and following next_cursor lists
+    each document once, in path order."""
+    assert api.call("POST", "/memory-stores", {"name": "big", "max_documents": 10_000})[0] == 201
+    paths = _seed_documents(api, "big", 5_000)
+    status, page, size = _lambda_get(api, "/memory-stores/big/documents")
+    assert status == 200 and size < LAMBDA_RESPONSE_BYTES, size
+    assert len(page["documents"]) == 100
+    from agentq.api.memory_models import MAX_DOCUMENTS_PAGE
+
+    listed: list[str] = []
+    sizes: list[int] = []
+    cursor: str | None = None
+    while True:
+        status, page, size = _lambda_get(
+            api, f"/memory-stores/big/documents?limit={MAX_DOCUMENTS_PAGE}" + (f"&cursor={cursor}" if cursor else "")
+        )
+        assert status == 200, page
+        listed += [d["path"] for d in page["documents"]]
+        assert all(d["content"] is None for d in page["documents"])
+        sizes.append(size)
+        if (cursor := page["next_cursor"]) is None:
+            break
+    assert listed == paths and max(sizes) < LAMBDA_RESPONSE_BYTES / 3
+
+
+def test_stores_and_documents_pages_follow_their_cursors_and_another_listing_s_cursor_is_a_400(api: Api) -> None:
+    me = f"t-{uuid.uuid4().hex[:8]}"  # a tenant of its own: the deployment is the module's
+
+    def get(path: str, tenant: str = me) -> tuple[int, Any, Any]:
+        return api.call("GET", path, tenant=tenant)
+
+    for name in ("a", "b", "c"):
+        assert api.call("POST", "/memory-stores", {"name": name}, tenant=me)[0] == 201
+    for path in ("/c/1.md", "/c/2.md", "/c/3.md", "/d.md"):
+        assert api.call("PUT", f"/memory-stores/a/document?path={path}", {"content": path}, tenant=me)[0] == 200
+    names, cursor = [], None
+    while True:
+        status, page, _ = get("/memory-stores?limit=2" + (f"&cursor={cursor}" if cursor else ""))
+        assert status == 200, page
+        names.append([s["name"] for s in page["stores"]])
+        if (cursor := page["next_cursor"]) is None:
+            break
+    assert names == [["a", "b"], ["c"]]
+    assert get("/memory-stores", tenant="tenant-b")[1] == {"stores": [], "next_cursor": None}
+    status, first, _ = get("/memory-stores/a/documents?path_prefix=/c/&limit=2")
+    assert status == 200 and [d["path"] for d in first["documents"]] == ["/c/1.md", "/c/2.md"]
+    cursor = first["next_cursor"]
+    status, rest, _ = get(f"/memory-stores/a/documents?path_prefix=/c/&limit=2&cursor={cursor}")
+    assert (status, [d["path"] for d in rest["documents"]], rest["next_cursor"]) == (200, ["/c/3.md"], None)
+    stores_cursor = get("/memory-stores?limit=1")[1]["next_cursor"]
+    for other in (
+        f"/memory-stores/b/documents?path_prefix=/c/&cursor={cursor}",  # another store's
+        f"/memory-stores/a/documents?path_prefix=/d&cursor={cursor}",  # another prefix's
+        f"/memory-stores/a/documents?cursor={stores_cursor}",  # another listing's
+        "/memory-stores/a/documents?cursor=" + "A" * 2049,
+        "/memory-stores?cursor=not!base64",
+    ):
+        status, body, _ = get(other)
+        assert (status, body["error"]["code"], body["error"]["field"]) == (400, "invalid_cursor", "cursor"), other
+    for too_many in ("/memory-stores?limit=101", "/memory-stores/a/documents?limit=1001", "/memory-stores?limit=0"):
+        status, body, _ = get(too_many)
+        assert (status, body["error"]["field"]) == (422, "limit"), body

@@ -356,3 +356,42 @@ def test_a_store_item_busy_past_the_retries_is_a_conflict_to_try_again_and_nothi
         mem.write("t", "shop", "/ann.md", "card 4242", author=PERSON)
     assert busy.value.field == "path"
     assert backend.memory_stores.get_store("t", "shop").documents == 0 and _partition(backend) == ["STORE"]
+
+
+def test_documents_and_stores_are_listed_a_page_at_a_time_without_reading_content(
+    backend: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing of documents read every head with its content (up to 100 kB each, 1 GB for a
+    full store) to answer paths; and answered them all at once."""
+    mem = backend.memory_stores
+    for name in ("a-store", "b-store", "c-store", "shop"):
+        _store(backend, name=name)
+    for path in ("/c/1.md", "/c/2.md", "/c/3.md", "/d.md", "/c/4.md"):
+        mem.write("t", "shop", path, "x" * 100, author=PERSON)
+    mem.delete_document("t", "shop", "/c/2.md", author=PERSON)
+    query, read = backend.table.query, []
+
+    def recorded(pk: str, **kw: object) -> object:
+        items = query(pk, **kw)  # type: ignore[arg-type]
+        read.extend(items)
+        return items
+
+    monkeypatch.setattr(backend.table, "query", recorded)
+    assert [d.path for d in mem.list_documents("t", "shop", "/c/")] == ["/c/1.md", "/c/3.md", "/c/4.md"]
+    pages, after = [], None
+    while True:
+        docs, after = mem.documents_page("t", "shop", "/c/", limit=2, after=after)
+        pages.append([(d.path, d.content) for d in docs])
+        if after is None:
+            break
+    # A deleted document's head is read and left out: the page holding it is short.
+    assert pages == [[("/c/1.md", None)], [("/c/3.md", None), ("/c/4.md", None)]]
+    assert read and not [item for item in read if "content" in item]
+    with pytest.raises(ValidationError) as outside:
+        mem.documents_page("t", "shop", "/c/", limit=2, after="/d.md")
+    assert outside.value.field == "after"
+    mem.delete_store("t", "b-store")
+    first, after = mem.stores_page("t", limit=2)
+    assert [s.name for s in first] == ["a-store", "c-store"] and after == "c-store"
+    rest, end = mem.stores_page("t", limit=2, after=after)
+    assert ([s.name for s in rest], end) == (["shop"], None)

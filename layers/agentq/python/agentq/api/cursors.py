@@ -1,5 +1,6 @@
-"""The page cursors of the API's listings (``GET /tasks``, a trace): opaque base64url JSON that
-names its listing, and ``InvalidCursor`` (400) for any cursor this API did not issue."""
+"""The page cursors of the API's listings (``GET /tasks``, a trace, a memory store's documents):
+opaque base64url JSON that names its listing, and ``InvalidCursor`` (400) for any cursor this API
+did not issue."""
 
 from __future__ import annotations
 
@@ -33,13 +34,13 @@ def encode_cursor(kind: str, value: Any) -> str:
 _CURSOR = re.compile(CURSOR_PATTERN)
 
 
-def decode_cursor(kind: str, cursor: str) -> Any:
+def decode_cursor(kind: str, cursor: str, *, max_chars: int = MAX_CURSOR_CHARS) -> Any:
     """The value ``encode_cursor`` put in ``cursor``, or ``InvalidCursor`` (400): a cursor that is
-    too long, not base64url (which ``b64decode`` would silently skip), not JSON, or of another
-    listing."""
-    if len(cursor) > MAX_CURSOR_CHARS or not _CURSOR.fullmatch(cursor):
+    too long (``max_chars``: a listing whose cursor names a long key allows more), not base64url
+    (which ``b64decode`` would silently skip), not JSON, or of another listing."""
+    if len(cursor) > max_chars or not _CURSOR.fullmatch(cursor):
         raise InvalidCursor(
-            f"cursor is not one this API issued (base64url, at most {MAX_CURSOR_CHARS} characters); "
+            f"cursor is not one this API issued (base64url, at most {max_chars} characters); "
             "pass next_cursor back unchanged",
             field="cursor",
         )

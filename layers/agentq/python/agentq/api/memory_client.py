@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from agentq.api.memory_models import (
+    MAX_DOCUMENTS_PAGE,
+    MAX_STORES_PAGE,
     MemoryDocumentList,
     MemorySearchResult,
     MemoryStoreList,
@@ -57,8 +59,17 @@ class MemoryStoresClient:
         body = MemoryStoreSpec.model_validate({"name": name, **settings}).model_dump()
         return MemoryStore.model_validate(self.client.request("POST", "/memory-stores", body))
 
-    def list_stores(self) -> list[MemoryStore]:
-        return MemoryStoreList.model_validate(self.client.request("GET", "/memory-stores")).stores
+    def list_stores(self, *, page_size: int = MAX_STORES_PAGE) -> list[MemoryStore]:
+        """Every store, by name, following the pages (``page_size`` stores a call, at most 100)."""
+        found: list[MemoryStore] = []
+        cursor = None
+        while True:
+            data = self.client.request("GET", "/memory-stores", query={"limit": page_size, "cursor": cursor})
+            page = MemoryStoreList.model_validate(data)
+            found += page.stores
+            if not page.next_cursor:
+                return found
+            cursor = page.next_cursor
 
     def get_store(self, name: str) -> MemoryStore:
         return MemoryStore.model_validate(self.client.request("GET", self._store(name)))
@@ -70,9 +81,22 @@ class MemoryStoresClient:
     def delete_store(self, name: str) -> MemoryStore:
         return MemoryStore.model_validate(self.client.request("DELETE", self._store(name)))
 
-    def documents(self, store: str, path_prefix: str = "/") -> list[MemoryDocument]:
-        data = self.client.request("GET", f"{self._store(store)}/documents", query={"path_prefix": path_prefix})
-        return MemoryDocumentList.model_validate(data).documents
+    def documents(
+        self, store: str, path_prefix: str = "/", *, page_size: int = MAX_DOCUMENTS_PAGE
+    ) -> list[MemoryDocument]:
+        """Every document under ``path_prefix`` (without content), by path, following the pages
+        (``page_size`` read a call, at most 1,000)."""
+        found: list[MemoryDocument] = []
+        cursor = None
+        while True:
+            query = {"path_prefix": path_prefix, "limit": page_size, "cursor": cursor}
+            page = MemoryDocumentList.model_validate(
+                self.client.request("GET", f"{self._store(store)}/documents", query=query)
+            )
+            found += page.documents
+            if not page.next_cursor:
+                return found
+            cursor = page.next_cursor
 
     def read(self, store: str, path: str) -> MemoryDocument:
         return MemoryDocument.model_validate(

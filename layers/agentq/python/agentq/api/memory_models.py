@@ -10,6 +10,14 @@ from agentq.core.memory import MAX_DOCUMENT_BYTES, MemoryDocument, MemorySearchH
 from agentq.core.models import StrictModel
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+# Pages: a store is at most ~13 KB of JSON (a description of 1,024 characters, each escaped), a
+# document head without content ~1.5 KB (a path is ASCII, at most 1,010 bytes): a page of either
+# stays well under the 6 MB a Lambda may answer.
+MAX_STORES_PAGE = 100
+MAX_DOCUMENTS_PAGE = 1_000
+DEFAULT_DOCUMENTS_PAGE = 100
+# A documents cursor names the store and the last path (up to 1,010 bytes): longer than the others'.
+MAX_DOCUMENTS_CURSOR_CHARS = 2_048
 
 
 class MemoryWrite(StrictModel):
@@ -30,12 +38,14 @@ class MemoryWrite(StrictModel):
 
 
 class MemoryStoreList(ApiModel):
-    stores: list[MemoryStore]
+    stores: list[MemoryStore] = Field(description="by name")
+    next_cursor: str | None = Field(default=None, description="pass as ?cursor= for the next page; null at the end")
 
 
 class MemoryDocumentList(ApiModel):
     store: str
     documents: list[MemoryDocument] = Field(description="by path, without content")
+    next_cursor: str | None = Field(default=None, description="pass as ?cursor= for the next page; null at the end")
 
 
 class MemoryWritten(ApiModel):

@@ -42,6 +42,10 @@ SNIPPET_CHARS = 240
 # The STORE item's mark of a deletion under way (a token): from it on, the store is not found,
 # no write passes, and the name stays taken until the deletion removes the STORE item, last.
 DELETING = "deleting"
+# What a listing reads of a document head: everything but its content (up to 100 kB each).
+LISTED = (
+    "path", "content_sha256", "content_size_bytes", "version", "created_at", "updated_at", "updated_by", "deleted",
+)  # fmt: skip
 
 
 def live() -> ConditionBase:
@@ -74,14 +78,13 @@ def snippet(content: str, word: str) -> str:
     return ("…" if start > 0 else "") + piece + ("…" if start + SNIPPET_CHARS < len(content) else "")
 
 
-def checked_path(path: str, *, prefix: bool = False) -> str:
+def checked_path(path: str, *, prefix: bool = False, field: str | None = None) -> str:
     """``check_path``, its refusal a ``ValidationError`` naming the field (a 422, not a 500)."""
+    name = field or ("path_prefix" if prefix else "path")
     try:
         return check_path(path, prefix=prefix)
     except ValueError as exc:
-        raise ValidationError(
-            f"{'path_prefix' if prefix else 'path'}: {exc}", field="path_prefix" if prefix else "path"
-        ) from None
+        raise ValidationError(f"{name}: {exc}", field=name) from None
 
 
 def expired(item: Item, now: float) -> bool:

@@ -55,6 +55,7 @@ from agentq.storage import keys
 from agentq.storage.leases import why_fenced
 from agentq.storage.memory_items import (
     DELETING,
+    LISTED,
     checked_path,
     conflict,
     doc_key,
@@ -138,25 +139,30 @@ class MemoryStores:
         return store_of(item)
 
     def list_stores(self, tenant: str) -> list[MemoryStore]:
-        """A tenant's stores by name (not those being deleted)."""
+        """Every store of a tenant by name, page after page (for a caller that needs them all)."""
+        found, after = self.stores_page(tenant, limit=self.list_page)
+        while after is not None:
+            more, after = self.stores_page(tenant, limit=self.list_page, after=after)
+            found += more
+        return found
+
+    def stores_page(self, tenant: str, *, limit: int, after: str | None = None) -> tuple[list[MemoryStore], str | None]:
+        """Up to ``limit`` of a tenant's stores by name, after the store named ``after``; and the
+        name to go on after, None at the end. A store being deleted is left out (so a page may
+        hold fewer than ``limit``)."""
         from agentq.resources import GSI1
 
-        heads: list[Item] = []
-        start: Item | None = None
-        while True:
-            page = self.table.query_index(
-                GSI1,
-                ("gsi1pk", keys.tenant_memory_stores_pk(tenant)),
-                descending=False,
-                limit=self.list_page,
-                start=start,
-            )
-            heads += page.items
-            if page.last_key is None:
-                break
-            start = page.last_key
+        partition = keys.tenant_memory_stores_pk(tenant)
+        start = None
+        if after is not None:
+            start = {**store_key(tenant, after), "gsi1pk": partition, "gsi1sk": after}
+        # One more than the page: whether it is the last page is known without a call that finds nothing.
+        page = self.table.query_index(GSI1, ("gsi1pk", partition), descending=False, limit=limit + 1, start=start)
+        heads = page.items[:limit]
+        more = len(page.items) > limit or page.last_key is not None  # (the latter: a 1 MB read cut it short)
         found = self.table.batch_get([{"pk": item["pk"], "sk": keys.MEMORY_STORE} for item in heads])
-        return sorted((store_of(item) for item in found if is_live(item)), key=lambda store: store.name)
+        stores = sorted((store_of(item) for item in found if is_live(item)), key=lambda store: store.name)
+        return stores, (str(heads[-1]["gsi1sk"]) if more and heads else None)
 
     def update_store(self, tenant: str, name: str, update: MemoryStoreUpdate) -> MemoryStore:
         """Change a store's settings; a limit lowered below what it holds stops new documents only."""
@@ -193,11 +199,36 @@ class MemoryStores:
     # --- documents ------------------------------------------------------------------------
 
     def list_documents(self, tenant: str, store: str, prefix: str = "/") -> list[MemoryDocument]:
-        """The store's documents whose path starts with ``prefix``, by path, without content."""
+        """The store's documents whose path starts with ``prefix``, by path, without content
+        (which is not read: a projection), all of them (the memory tool's listing)."""
         checked_path(prefix, prefix=True)
         self.get_store(tenant, store)
-        items = self.table.query(keys.memory_store_pk(tenant, store), prefix=keys.memory_doc_sk(prefix))
+        items = self.table.query(
+            keys.memory_store_pk(tenant, store), prefix=keys.memory_doc_sk(prefix), attributes=LISTED
+        )
         return [document_of(store, item, content=False) for item in items if not item.get("deleted")]
+
+    def documents_page(
+        self, tenant: str, store: str, prefix: str = "/", *, limit: int, after: str | None = None
+    ) -> tuple[list[MemoryDocument], str | None]:
+        """Up to ``limit`` heads of the store's documents under ``prefix``, by path, after the path
+        ``after``, without content; and the path to go on after, None at the end. ``limit``
+        counts the heads read, deleted documents' too (they are left out): a page's reads are
+        bounded, and it may hold fewer than ``limit``."""
+        checked_path(prefix, prefix=True)
+        if after is not None and not (after.startswith(prefix) and checked_path(after, field="after")):
+            raise ValidationError(f"after: {after!r} is not a path under path_prefix {prefix!r}", field="after")
+        self.get_store(tenant, store)
+        items = self.table.query(
+            keys.memory_store_pk(tenant, store),
+            prefix=keys.memory_doc_sk(prefix),
+            after=keys.memory_doc_sk(after) if after is not None else None,
+            limit=limit + 1,  # one more: whether this is the last page is known without another call
+            attributes=LISTED,
+        )
+        page = items[:limit]
+        docs = [document_of(store, item, content=False) for item in page if not item.get("deleted")]
+        return docs, (str(page[-1]["path"]) if len(items) > limit else None)
 
     def read(self, tenant: str, store: str, path: str) -> MemoryDocument:
         checked_path(path)

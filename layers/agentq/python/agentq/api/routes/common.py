@@ -26,16 +26,20 @@ from agentq.storage.container import Storage
 F = TypeVar("F", bound=Callable[..., Any])
 
 TaskId = Annotated[str, Path(pattern=TASK_ID_PATTERN, description="a task id")]
+
+
 # A page cursor: its bounds are documented, not enforced by the validator (which would answer
 # 422); the view decodes it and answers anything it did not issue 400 invalid_cursor.
-PageCursor = Annotated[
-    str | None,
-    Query(
+def page_cursor(max_chars: int = MAX_CURSOR_CHARS) -> Any:
+    """The ``cursor`` query parameter of a listing whose cursors are at most ``max_chars`` long."""
+    return Query(
         description="next_cursor of the previous page, unchanged (base64url, at most "
-        f"{MAX_CURSOR_CHARS} characters; a cursor of another listing or task is 400 invalid_cursor)",
-        json_schema_extra={"maxLength": MAX_CURSOR_CHARS, "pattern": CURSOR_PATTERN},
-    ),
-]
+        f"{max_chars} characters; a cursor of another listing or task is 400 invalid_cursor)",
+        json_schema_extra={"maxLength": max_chars, "pattern": CURSOR_PATTERN},
+    )
+
+
+PageCursor = Annotated[str | None, page_cursor()]
 
 
 def user_query(description: str) -> Any:

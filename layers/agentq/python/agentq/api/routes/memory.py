@@ -8,6 +8,7 @@ when the authorizer names one."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -15,8 +16,13 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
+from agentq.api.cursors import InvalidCursor, decode_cursor, encode_cursor
 from agentq.api.errors import JSON, responses
 from agentq.api.memory_models import (
+    DEFAULT_DOCUMENTS_PAGE,
+    MAX_DOCUMENTS_CURSOR_CHARS,
+    MAX_DOCUMENTS_PAGE,
+    MAX_STORES_PAGE,
     SHA256_PATTERN,
     MemoryDocumentList,
     MemorySearchResult,
@@ -25,7 +31,7 @@ from agentq.api.memory_models import (
     MemoryWrite,
     MemoryWritten,
 )
-from agentq.api.routes.common import ApiDeps, Router
+from agentq.api.routes.common import ApiDeps, PageCursor, Router, page_cursor
 from agentq.core.memory import (
     MAX_PATH_BYTES,
     MEMORY_STORE_PATTERN,
@@ -39,6 +45,7 @@ from agentq.core.memory import (
     MemoryStoreSpec,
     MemoryStoreUpdate,
     MemoryVersion,
+    check_path,
 )
 from agentq.storage.memory_stores import MemoryStores
 
@@ -55,6 +62,8 @@ DocPath = Annotated[
 Sha256 = Annotated[str | None, Query(pattern=SHA256_PATTERN, description="only if it still has this content_sha256")]
 TAGS = ["memory"]
 PRECONDITION = "expected_content_sha256"  # what the API calls the precondition (the store: expected_sha256)
+STORES_CURSOR, DOCUMENTS_CURSOR = "memory_stores", "memory_documents"
+_STORE_NAME = re.compile(MEMORY_STORE_PATTERN)
 
 
 @contextmanager
@@ -69,6 +78,34 @@ def _api_field_names() -> Iterator[None]:
         raise MemoryConflict(
             exc.message.replace("expected_sha256", PRECONDITION), field=PRECONDITION, current_sha256=exc.current_sha256
         ) from None
+
+
+def _store_after(cursor: str) -> str:
+    """The store name a ``GET /memory-stores`` cursor goes on after."""
+    name = decode_cursor(STORES_CURSOR, cursor)
+    if not isinstance(name, str) or not _STORE_NAME.fullmatch(name):
+        raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
+    return str(name)
+
+
+def _document_after(cursor: str, store: str, prefix: str) -> str:
+    """The path a documents cursor goes on after: one of this store's listing under this prefix
+    (another's is 400, not a page of something else)."""
+    value = decode_cursor(DOCUMENTS_CURSOR, cursor, max_chars=MAX_DOCUMENTS_CURSOR_CHARS)
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)):
+        raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
+    named, path = str(value[0]), str(value[1])
+    try:
+        check_path(path)
+    except ValueError:
+        raise InvalidCursor(
+            "cursor is not one this API issued; pass next_cursor back unchanged", field="cursor"
+        ) from None
+    if named != store or not path.startswith(prefix):
+        raise InvalidCursor(
+            f"cursor does not belong to this listing (memory store {store!r}, path_prefix {prefix!r})", field="cursor"
+        )
+    return path
 
 
 def router(deps: ApiDeps) -> Router:
@@ -90,10 +127,19 @@ def router(deps: ApiDeps) -> Router:
         headers = {"Location": f"/memory-stores/{made.name}"}
         return Response(status_code=201, content_type=JSON, body=made, headers=headers)
 
-    @routes.get("/memory-stores", summary="List memory stores", operation_id="listMemoryStores", tags=TAGS,
-                responses=responses(200, MemoryStoreList))  # fmt: skip
-    def list_stores() -> MemoryStoreList:
-        return MemoryStoreList(stores=stores().list_stores(tenant()))
+    @routes.get("/memory-stores", summary="List memory stores, by name", operation_id="listMemoryStores", tags=TAGS,
+                responses=responses(200, MemoryStoreList, 400, 422))  # fmt: skip
+    def list_stores(
+        limit: Annotated[
+            int,
+            Query(
+                ge=1, le=MAX_STORES_PAGE, description=f"stores per page, at most {MAX_STORES_PAGE}: follow next_cursor"
+            ),
+        ] = MAX_STORES_PAGE,
+        cursor: PageCursor = None,
+    ) -> MemoryStoreList:
+        found, last = stores().stores_page(tenant(), limit=limit, after=_store_after(cursor) if cursor else None)
+        return MemoryStoreList(stores=found, next_cursor=encode_cursor(STORES_CURSOR, last) if last else None)
 
     @routes.get("/memory-stores/<name>", summary="A memory store", operation_id="getMemoryStore", tags=TAGS,
                 responses=responses(200, MemoryStore, 404, 422))  # fmt: skip
@@ -124,8 +170,9 @@ def router(deps: ApiDeps) -> Router:
     def delete_store(name: StoreName) -> MemoryStore:
         return stores().delete_store(tenant(), name)
 
-    @routes.get("/memory-stores/<name>/documents", summary="List a store's documents (no content)",
-                operation_id="listMemoryDocuments", tags=TAGS, responses=responses(200, MemoryDocumentList, 404, 422))  # fmt: skip
+    @routes.get("/memory-stores/<name>/documents", summary="List a store's documents by path (no content)",
+                operation_id="listMemoryDocuments", tags=TAGS,
+                responses=responses(200, MemoryDocumentList, 400, 404, 422))  # fmt: skip
     def list_documents(
         name: StoreName,
         path_prefix: Annotated[
@@ -136,8 +183,21 @@ def router(deps: ApiDeps) -> Router:
                 json_schema_extra={"pattern": PATH_PREFIX_PATTERN},
             ),
         ] = "/",
+        limit: Annotated[
+            int,
+            Query(
+                ge=1,
+                le=MAX_DOCUMENTS_PAGE,
+                description=f"documents read per page, at most {MAX_DOCUMENTS_PAGE} (deleted ones are read and left "
+                "out, so a page may hold fewer): follow next_cursor",
+            ),
+        ] = DEFAULT_DOCUMENTS_PAGE,
+        cursor: Annotated[str | None, page_cursor(MAX_DOCUMENTS_CURSOR_CHARS)] = None,
     ) -> MemoryDocumentList:
-        return MemoryDocumentList(store=name, documents=stores().list_documents(tenant(), name, path_prefix))
+        after = _document_after(cursor, name, path_prefix) if cursor else None
+        docs, last = stores().documents_page(tenant(), name, path_prefix, limit=limit, after=after)
+        next_cursor = encode_cursor(DOCUMENTS_CURSOR, [name, last]) if last else None
+        return MemoryDocumentList(store=name, documents=docs, next_cursor=next_cursor)
 
     @routes.get("/memory-stores/<name>/document", summary="Read a document", operation_id="getMemoryDocument",
                 tags=TAGS, responses=responses(200, MemoryDocument, 404, 422))  # fmt: skip
