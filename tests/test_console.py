@@ -1098,6 +1098,23 @@ def test_a_memory_store_is_browsed_edited_audited_and_a_stale_edit_shows_the_con
     assert [e for e in tab.errors if "status of 409" not in e] == []
 
 
+def test_the_memory_page_lists_every_store_following_the_pages(console: Console, tab: Page) -> None:
+    """GET /memory-stores answers a page (100 stores at most): a store past the first page is
+    still on the console's list."""
+    run = uuid.uuid4().hex[:6]
+    for i in range(100):  # named to sort before the one looked for
+        assert console.http("POST", "/memory-stores", {"name": f"a-{run}-{i:03d}"})[0] == 201
+    name = f"mem-{run}"
+    assert console.http("POST", "/memory-stores", {"name": name})[0] == 201
+    first = console.http("GET", "/memory-stores")[1]
+    assert first["next_cursor"] and name not in [s["name"] for s in first["stores"]]
+    tab.page.click("a[data-nav='memory']")
+    tab.page.wait_for_selector(f"tr[data-store='{name}']")
+    for i in range(100):
+        assert console.http("DELETE", f"/memory-stores/a-{run}-{i:03d}")[0] == 200
+    assert tab.errors == []
+
+
 def test_a_task_whose_reply_was_cut_shows_which_part_of_its_budget_is_known_and_which_unknown(
     console: Console, tab: Page
 ) -> None:

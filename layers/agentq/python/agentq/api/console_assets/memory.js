@@ -3,7 +3,7 @@
 // hash it read (a change made since is the API's 409, shown, and nothing is overwritten), and
 // redaction of a past version.
 
-import { get, post, put } from "./api.js";
+import { all, get, post, put } from "./api.js";
 import { errorPage, fmtAgo, fmtInt, fmtTime, h, replace, taskLink, shortId } from "./dom.js";
 
 const store = (name) => `memory-stores/${encodeURIComponent(name)}`;
@@ -20,12 +20,12 @@ export function memoryListPage(ctx) {
       body));
   let shown = "";
   return ctx.every(5000, async () => {
-    const page = await get("memory-stores");
-    const sig = JSON.stringify(page);
+    const stores = await all("memory-stores", "stores", 100); // every page (a listing is a page at a time)
+    const sig = JSON.stringify(stores);
     if (sig === shown) return;
     shown = sig;
-    replace(body, page.stores.length
-      ? page.stores.map((s) => h("tr", { "data-store": s.name },
+    replace(body, stores.length
+      ? stores.map((s) => h("tr", { "data-store": s.name },
         h("td", {}, h("a", { href: `#/memory/${encodeURIComponent(s.name)}`, class: "mono" }, s.name)),
         h("td", { class: "num" }, fmtInt(s.documents)),
         h("td", { class: "num" }, `${fmtInt(s.max_documents)} × ${fmtInt(s.max_document_bytes)} B`),
@@ -56,9 +56,9 @@ export async function memoryStorePage(ctx, name) {
   };
 
   async function refresh() {
-    const page = await get(`${store(name)}/documents`);
-    replace(docs, page.documents.length
-      ? page.documents.map((d) => h("tr", { "data-path": d.path },
+    const documents = await all(`${store(name)}/documents`, "documents", 1000);
+    replace(docs, documents.length
+      ? documents.map((d) => h("tr", { "data-path": d.path },
         h("td", {}, h("a", { href: "#", class: "mono", onclick: (e) => { e.preventDefault(); open(d.path, d); } }, d.path)),
         h("td", { class: "num" }, `v${d.version}`),
         h("td", { class: "num" }, fmtInt(d.content_size_bytes)),
