@@ -22,7 +22,7 @@ from agentq.runtime import Settings, build_registry, build_store
 from agentq.storage.container import Storage
 
 from tests.conftest import child_env
-from tests.fake_model_servers import FakeChatCompletions, chat_completion, chat_error
+from tests.fake_model_servers import FakeChatCompletions, FakeReply, chat_completion, chat_error
 from tests.helpers import call, run_agentq, scripted
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 
@@ -136,6 +136,52 @@ def test_a_model_call_carries_the_genai_attributes_and_its_retry_as_an_event(
     assert attributes["gen_ai.usage.cache_read.input_tokens"] == 100
     ((name, event),) = chat.events
     assert name == "agentq.retry" and event["error.type"] == "provider_server_error" and event["agentq.attempt"] == 1
+
+
+def test_a_failed_calls_span_carries_no_more_of_the_servers_body_than_its_error_excerpt(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 400 whose 240 KB message quotes what it was sent (as servers that echo the offending
+    input do): the task's error keeps an excerpt of it, and so does the call's span. The SDK's
+    exception, which the provider error was raised from, holds the whole message; the span's
+    ``exception`` event tells the provider error's own frames, not that chain."""
+    said = "bad input: " + "SECRET-ECHO " * 20_000
+    page = json.dumps({"error": {"message": said, "type": "invalid_request_error"}}).encode()
+    with FakeChatCompletions() as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "k")
+        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", json.dumps({"max_attempts": 1, "base_delay": 0, "max_delay": 0}))
+        server.enqueue(FakeReply(400, raw=page))
+        task = store.tasks.create(TaskSubmission(goal="hi", provider="openai", model="gpt-4.1-mini"), tenant="t")
+        assert run(store, registry, task.task_id, "w1") is TaskStatus.FAILED
+    error = store.tasks.get(task.task_id).error
+    assert error is not None
+    excerpt = error["message"].count("SECRET-ECHO")
+    assert 0 < excerpt < 50
+    (chat,) = [s for s in receiver.spans if s.name.startswith("chat ")]
+    values = [str(v) for _, attributes in chat.events for v in attributes.values()]
+    values += [str(v) for v in chat.attributes.values()]
+    assert [name for name, _ in chat.events] == ["exception"] and chat.status_code == 2
+    assert max(v.count("SECRET-ECHO") for v in values) == excerpt
+
+
+def test_no_attribute_of_a_span_is_longer_than_the_limit_unless_the_sdk_setting_says_otherwise(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK keeps attribute values whole by default; agentq's spans cut each at 4096
+    characters, or where ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` says."""
+    with otel.span("execute_tool long", {"agentq.said": "x" * 100_000}):
+        otel.event("agentq.retry", {"agentq.message": "y" * 100_000})
+    otel.reset()
+    monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "10")
+    with otel.span("execute_tool short", {"agentq.said": "x" * 100_000}):
+        pass
+    otel.flush()
+    spans = {s.name: s for s in receiver.spans}
+    long, short = spans["execute_tool long"], spans["execute_tool short"]
+    assert len(long.attributes["agentq.said"]) == 4096
+    assert [len(a["agentq.message"]) for _, a in long.events] == [4096]
+    assert len(short.attributes["agentq.said"]) == 10
 
 
 def test_runs_in_two_processes_hang_under_the_same_task_span(

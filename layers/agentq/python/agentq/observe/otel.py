@@ -31,7 +31,9 @@ import contextlib
 import functools
 import hashlib
 import logging
+import os
 import time
+import traceback
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -54,6 +56,12 @@ ENDUSER_ID = "enduser.id"  # opentelemetry.semconv._incubating.attributes.enduse
 # agentq provider name -> gen_ai.provider.name (the conventions' well-known values; "scripted" is ours)
 GENAI_PROVIDERS = {"anthropic": "anthropic", "bedrock": "aws.bedrock", "bedrock-converse": "aws.bedrock",
                    "openai": "openai"}  # fmt: skip
+
+# The longest attribute value a span or event carries (the SDK's own setting overrides it): a
+# server's error page, an exception's text, never a whole echoed request.
+ATTRIBUTE_LENGTH_VARIABLE = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+ATTRIBUTE_LENGTH_DEFAULT = 4096
+STATUS_LENGTH = 500
 
 # Set around the start of a span whose id is derived rather than random (``_DerivedIds``).
 _forced_span_id: ContextVar[int | None] = ContextVar("agentq_otel_span_id", default=None)
@@ -86,7 +94,7 @@ def _provider() -> Any:
         return None
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace import SpanLimits, TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
     except ImportError:
@@ -103,7 +111,10 @@ def _provider() -> Any:
         def generate_trace_id(self) -> int:
             return _forced_trace_id.get() or super().generate_trace_id()
 
-    provider = TracerProvider(resource=resource(), id_generator=DerivedIds())
+    # Unbounded by default in the SDK: a 400 whose body quotes a 240 KB request would ride on the span.
+    length = None if ATTRIBUTE_LENGTH_VARIABLE in os.environ else ATTRIBUTE_LENGTH_DEFAULT
+    limits = SpanLimits(max_attribute_length=length)
+    provider = TracerProvider(resource=resource(), id_generator=DerivedIds(), span_limits=limits)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # reads the OTEL_EXPORTER_OTLP_* settings
     return provider
 
@@ -161,13 +172,40 @@ def _started(name: str, context: Any, span_id: int | None = None, **kwargs: Any)
     yield span
 
 
+def record_exception(made: Span, exc: BaseException) -> None:
+    """The ``exception`` event of an error leaving a span, and its error status: the exception's
+    own type, text and frames, not the chain the SDK would print. A provider error's text is
+    agentq's excerpt of the server's answer; the SDK exception it was raised from carries the
+    server's whole body, which may echo what was sent (the prompt, a tool's output), so that
+    cause stays off the trace. The status's description is no attribute (the span limits do not
+    cut it): cut here."""
+    from opentelemetry.trace import Status, StatusCode
+
+    own = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, chain=False))
+    made.record_exception(exc, attributes={"exception.stacktrace": own}, escaped=True)
+    made.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:STATUS_LENGTH]))
+
+
+@contextlib.contextmanager
+def _current(made: Span) -> Iterator[None]:
+    """``made`` is the current span for the block, ended after it; an exception leaving the
+    block is recorded (``record_exception``) and makes its status an error."""
+    from opentelemetry import trace
+
+    with trace.use_span(made, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+        try:
+            yield
+        except Exception as exc:
+            record_exception(made, exc)
+            raise
+
+
 @contextlib.contextmanager
 def task_run(task: Task, worker_id: str, resumed_from: int) -> Iterator[None]:
     """One claim of ``task``: the run's span is current for everything the run does."""
     if tracer() is None:
         yield
         return
-    from opentelemetry import trace
 
     attributes = {
         "agentq.task_id": task.task_id,
@@ -177,7 +215,7 @@ def task_run(task: Task, worker_id: str, resumed_from: int) -> Iterator[None]:
     }
     with _started(f"run {task.task_id}", _task_parent(task), attributes=attributes) as span:
         try:
-            with trace.use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
+            with _current(span):
                 yield
         finally:
             flush()
@@ -206,7 +244,10 @@ def step(number: int, kind: str) -> Iterator[None]:
     if found is None:
         yield
         return
-    with found.start_as_current_span(f"step {number}", attributes={"agentq.step": number, "agentq.step_kind": kind}):
+    from opentelemetry import context as otel_context
+
+    attributes = {"agentq.step": number, "agentq.step_kind": kind}
+    with _started(f"step {number}", otel_context.get_current(), attributes=attributes) as made, _current(made):
         yield
 
 
@@ -219,15 +260,11 @@ def span(name: str, attributes: Attributes, *, client: bool = False) -> Iterator
         yield None
         return
     from opentelemetry import context as otel_context
-    from opentelemetry import trace
     from opentelemetry.trace import SpanKind
 
     context = otel_context.get_current()
     kind = SpanKind.CLIENT if client else SpanKind.INTERNAL
-    with (
-        _started(name, context, kind=kind, attributes=attributes) as made,
-        trace.use_span(made, end_on_exit=True, record_exception=True, set_status_on_exception=True),
-    ):
+    with _started(name, context, kind=kind, attributes=attributes) as made, _current(made):
         yield made
 
 
