@@ -35,7 +35,14 @@ from agentq.core.tools import ToolRegistry
 from agentq.observe import otel
 from agentq.storage.container import Storage
 
-from tests.fake_messages_api import FakeMessagesAPI, point_anthropic_at, text_reply, tool_use_reply, usage_dict
+from tests.fake_messages_api import (
+    FakeMessagesAPI,
+    overloaded,
+    point_anthropic_at,
+    text_reply,
+    tool_use_reply,
+    usage_dict,
+)
 from tests.fake_model_servers import (
     FakeChatCompletions,
     FakeConverse,
@@ -418,6 +425,33 @@ def test_a_failed_call_names_its_error_type_on_its_span_its_agent_s_span_and_its
     check_points([duration], OPERATION_DURATION, {"error.type", "gen_ai.provider.name", "server.port"})
     assert duration.attributes["error.type"] == error["code"]
     assert receiver.histogram("gen_ai.client.token.usage") == []  # no answer, no usage
+
+
+@pytest.mark.parametrize(
+    ("provider", "stream_above", "streamed"),
+    [(PROVIDERS[0], None, True), (PROVIDERS[1], "0", True), (PROVIDERS[1], None, False)],
+    ids=["anthropic", "openai-streamed", "openai-whole"],
+)
+def test_a_failed_calls_span_says_whether_the_request_streamed(
+    provider: Provider,
+    stream_above: str | None,
+    streamed: bool,
+    receiver: OtlpReceiver,
+    store: Storage,
+    registry: ToolRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``gen_ai.request.stream`` is set "if and only if the request is streaming", whatever the
+    call's end: every Anthropic API call streams, an OpenAI call past AGENTQ_STREAM_ABOVE_TOKENS."""
+    if stream_above is not None:
+        monkeypatch.setenv("AGENTQ_STREAM_ABOVE_TOKENS", stream_above)
+    with provider.serve(monkeypatch) as server:
+        server.enqueue(overloaded() if provider.name == "anthropic" else chat_error(400, "invalid_request_error", "no"))
+        task = store.tasks.create(submission(provider), tenant="t")
+        run(store, registry, task.task_id)
+    (chat,) = [s for s in receiver.spans if s.name.startswith("chat ")]
+    assert chat.status_code == 2 and "error.type" in chat.attributes
+    assert chat.attributes.get("gen_ai.request.stream") is (True if streamed else None)
 
 
 def invocations(spans: list[ReceivedSpan], task: Task) -> list[ReceivedSpan]:

@@ -86,18 +86,25 @@ class LLMCall:
         if self.otel_span is not None:
             self.otel_span.set_attributes({k: v for k, v in attributes.items() if v is not None})
             self.otel_span.set_attribute("agentq.attempts", response.attempts)
-            if response.streamed:  # the conventions set it if and only if the request streamed
-                self.otel_span.set_attribute("gen_ai.request.stream", True)
         emf.record_llm_usage(model, usage)
 
 
 @contextmanager
 def llm_call(
-    *, provider: str, model: str, max_tokens: int, task_id: str, step: int, endpoint: str | None = None
+    *,
+    provider: str,
+    model: str,
+    max_tokens: int,
+    task_id: str,
+    step: int,
+    endpoint: str | None = None,
+    streams: bool = False,
 ) -> Iterator[LLMCall]:
     """Around ``provider.complete``; call ``answered`` with the response. A provider error
     leaving the block is recorded on the subsegment, and as ``error.type`` on the span and the
-    duration metric. ``endpoint``: the provider's base URL (``server.address``/``server.port``)."""
+    duration metric. ``endpoint``: the provider's base URL (``server.address``/``server.port``);
+    ``streams``: the request goes as a stream (``gen_ai.request.stream``, which the conventions
+    set if and only if it does: known before the call, so a call that fails says it too)."""
     system = otel.genai_provider(provider)
     server = server_of(endpoint)
     metric: dict[str, str | int] = {
@@ -111,6 +118,7 @@ def llm_call(
         **metric,
         "gen_ai.request.max_tokens": max_tokens,
         "gen_ai.conversation.id": task_id,
+        **({"gen_ai.request.stream": True} if streams else {}),
     }
     started = time.monotonic()
     with span(f"chat {model}") as s, otel.span(f"chat {model}", request, client=True) as exported:

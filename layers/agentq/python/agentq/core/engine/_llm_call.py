@@ -38,6 +38,7 @@ from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory
 from agentq.core.providers.base import (
     RemoteProvider,
     RetryNotice,
+    StreamingProvider,
     reporting_retries,
     reporting_text,
     reporting_usage,
@@ -255,6 +256,7 @@ class ModelCall:
             observe.llm_call(
                 provider=provider.name, model=request.model, max_tokens=call.max_out, task_id=s.task_id,
                 step=s.next_step, endpoint=provider.endpoint if isinstance(provider, RemoteProvider) else None,
+                streams=isinstance(provider, StreamingProvider) and provider.streams(request),
             ) as observed,
             reporting_retries(lambda notice: self.note_retry(s, call, notice)),
             reporting_text(lambda text: setattr(s.held, "live_text", text)),

@@ -100,7 +100,7 @@ class _MessagesProvider:
         """One assistant turn; raises ``ProviderError`` once the retry policy gives up."""
         kwargs = self._params(request)
         endpoint = self._client.beta.messages if "betas" in kwargs else self._client.messages
-        streamed = request.max_tokens > stream_above(self.stream_above_default)
+        streamed = self.streams(request)
 
         def send(**kw: Any) -> Any:
             if streamed:
@@ -116,6 +116,9 @@ class _MessagesProvider:
             classify=anthropic_failure,
         )
         return response.model_copy(update={"attempts": attempts, "streamed": streamed})
+
+    def streams(self, request: LLMRequest) -> bool:
+        return request.max_tokens > stream_above(self.stream_above_default)
 
     @property
     def endpoint(self) -> str | None:

@@ -108,6 +108,15 @@ def checked_base_url(url: str | None, variable: str, provider: str) -> str | Non
     )
 
 
+@runtime_checkable
+class StreamingProvider(Protocol):
+    """A provider that streams some calls (``stream_above``): ``streams`` tells, before the call,
+    whether ``request`` goes as a stream, as the telemetry's ``gen_ai.request.stream`` says of a
+    call whatever its end (a call that fails mid-stream streamed too)."""
+
+    def streams(self, request: LLMRequest) -> bool: ...
+
+
 BATCH_PRICE_RATIO = Decimal("0.5")  # a batched call costs half the list price
 BATCH_WINDOW_SECONDS = 24 * 3600.0  # a batch ends (or expires) within this of its creation
 

@@ -160,7 +160,7 @@ class BedrockConverseProvider:
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         params = converse_params(request)
-        streamed = request.max_tokens > stream_above()
+        streamed = self.streams(request)
         try:
             response, attempts = call_with_retries(
                 lambda: (
@@ -181,6 +181,9 @@ class BedrockConverseProvider:
                 code="missing_aws_credentials",
             ) from None
         return response.model_copy(update={"attempts": attempts, "streamed": streamed})
+
+    def streams(self, request: LLMRequest) -> bool:
+        return request.max_tokens > stream_above()
 
     @property
     def endpoint(self) -> str | None:

@@ -116,7 +116,7 @@ class OpenAIProvider:
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         params = chat_params(request, self._limit)
-        streamed = request.max_tokens > stream_above()
+        streamed = self.streams(request)
         response, attempts = call_with_retries(
             lambda: (
                 self._streamed({**params, **self._cut_timeout()})
@@ -134,6 +134,9 @@ class OpenAIProvider:
             classify=openai_failure,
         )
         return response.model_copy(update={"attempts": attempts, "streamed": streamed})
+
+    def streams(self, request: LLMRequest) -> bool:
+        return request.max_tokens > stream_above()
 
     @property
     def endpoint(self) -> str:
