@@ -454,6 +454,44 @@ def test_a_failed_calls_span_says_whether_the_request_streamed(
     assert chat.attributes.get("gen_ai.request.stream") is (True if streamed else None)
 
 
+def test_a_rubric_grading_call_is_a_chat_span_and_a_point_of_the_genai_client_metrics(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grading model's call is a model call agentq makes, as the agent's are: its span
+    carries what the conventions ask of an inference span, and it is a point of each metric."""
+    from agentq.control.submit import parse_submission
+
+    provider = PROVIDERS[0]
+    with provider.serve(monkeypatch) as server:
+        server.enqueue(text_reply("the answer", usage=usage_dict(20, 4)),
+                       text_reply('{"score": 1.0, "feedback": "fine"}', usage=usage_dict(30, 6)))  # fmt: skip
+        body = {"goal": "hi", "provider": provider.name, "model": provider.model,
+                "outcome": {"rubric": "Score 1.0 if it answers."}}  # fmt: skip
+        task = store.tasks.create(parse_submission(body), tenant="t")
+        assert run(store, registry, task.task_id) is TaskStatus.SUCCEEDED
+        assert server.pending == 0
+        address = server_address(server)
+    otel.reset()  # flushes the metrics
+    agents: list[ReceivedSpan] = []
+    graders: list[ReceivedSpan] = []
+    for chat in (s for s in receiver.spans if s.name.startswith("chat ")):
+        (graders if chat.attributes.get("agentq.grade") else agents).append(chat)
+    assert len(agents) == len(graders) == 1
+    (grading,) = graders
+    check_span(grading, INFERENCE, {"gen_ai.conversation.id", "gen_ai.request.model", "server.port", "server.address",
+                                    "gen_ai.request.max_tokens", "gen_ai.response.finish_reasons",
+                                    "gen_ai.response.model", "gen_ai.usage.input_tokens",
+                                    "gen_ai.usage.output_tokens"})  # fmt: skip
+    assert (grading.attributes["server.address"], grading.attributes["server.port"]) == address
+    assert grading.attributes["gen_ai.usage.output_tokens"] == 6
+    assert grading.attributes["gen_ai.conversation.id"] == task.task_id
+    durations = receiver.histogram("gen_ai.client.operation.duration")
+    check_points(durations, OPERATION_DURATION, {"gen_ai.provider.name", "gen_ai.response.model", "server.port"})
+    assert sum(p.count for p in durations) == 2
+    usage = receiver.histogram("gen_ai.client.token.usage")
+    assert sum(p.sum for p in usage if p.attributes["gen_ai.token.type"] == "output") == 4 + 6
+
+
 def invocations(spans: list[ReceivedSpan], task: Task) -> list[ReceivedSpan]:
     return sorted(
         (s for s in spans if s.name.startswith("invoke_agent") and s.attributes["agentq.task_id"] == task.task_id),

@@ -69,6 +69,7 @@ from agentq.core.policies import ALLOWED, PolicyCall, Verdict
 from agentq.core.ports import EffectLog, QualityBook
 from agentq.core.pricing import PriceTable
 from agentq.core.providers import LLMProvider, LLMRequest, ProviderFactory
+from agentq.core.providers.base import RemoteProvider, StreamingProvider
 from agentq.core.records import EffectRecord
 from agentq.core.tools import ToolRegistry
 
@@ -245,17 +246,22 @@ class GradeTurn:
     def rubric_check(
         self, s: Session, outcome: OutcomeSpec, call: GradingCall
     ) -> tuple[GradeCheck, dict[str, Any] | None]:
+        """The grading model's verdict. Its call is a model call like the agent's in the telemetry
+        too (``observe.llm_call``): a ``chat`` span with the conventions' attributes, marked
+        ``agentq.grade``, a point of each GenAI client metric, its tokens in the EMF metrics."""
         provider, model, grading, request = call.provider, call.model, call.submission, call.request
         name = f"{provider}/{model}"
         started = time.time()
-        attributes: dict[str, str | bool] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": observe.otel.genai_provider(provider),
-                      "gen_ai.request.model": model, "agentq.grade": True}  # fmt: skip
-        with observe.otel.span(f"chat {model}", attributes, client=True) as made:
-            try:
-                chosen: LLMProvider = within(
-                    outcome.timeout_seconds, "the grading model", lambda: self.providers(grading)
-                )
-                self.budget.sending(s)
+        try:
+            chosen: LLMProvider = within(outcome.timeout_seconds, "the grading model", lambda: self.providers(grading))
+            self.budget.sending(s)
+            with observe.llm_call(
+                provider=provider, model=model, max_tokens=request.max_tokens, task_id=s.task_id, step=s.next_step,
+                endpoint=chosen.endpoint if isinstance(chosen, RemoteProvider) else None,
+                streams=isinstance(chosen, StreamingProvider) and chosen.streams(request),
+            ) as observed:  # fmt: skip
+                if observed.otel_span is not None:
+                    observed.otel_span.set_attribute("agentq.grade", True)
                 call.may_be_billed = True  # until it answers: a failed or abandoned call may have been billed
                 try:
                     response = within(outcome.timeout_seconds, "the grading model",
@@ -263,15 +269,11 @@ class GradeTurn:
                 finally:
                     self.budget.gave_up(call)
                 call.may_be_billed = False
-            except GradeError as exc:
-                took = int((time.time() - started) * 1000)
-                if made is not None:
-                    observe.otel.failed(made, exc.code)
-                return GradeCheck(kind="rubric", name=name, feedback=exc.message, duration_ms=took), exc.to_dict()
-            cost = call_cost(self.prices, provider, response.model or model, model, response)
-            if made is not None:
-                made.set_attributes({"gen_ai.usage.input_tokens": response.usage.input_total,
-                                     "gen_ai.usage.output_tokens": response.usage.output_tokens})  # fmt: skip
+                observed.answered(response)
+        except GradeError as exc:
+            took = int((time.time() - started) * 1000)
+            return GradeCheck(kind="rubric", name=name, feedback=exc.message, duration_ms=took), exc.to_dict()
+        cost = call_cost(self.prices, provider, response.model or model, model, response)
         took = int((time.time() - started) * 1000)
         text = "\n".join(b["text"] for b in response.content if b.get("type") == "text" and b.get("text"))
         spent = {"usage": response.usage, "cost_usd": cost, "duration_ms": took}
