@@ -492,6 +492,25 @@ def test_a_rubric_grading_call_is_a_chat_span_and_a_point_of_the_genai_client_me
     assert sum(p.sum for p in usage if p.attributes["gen_ai.token.type"] == "output") == 4 + 6
 
 
+def test_the_fallback_event_names_the_provider_by_the_conventions_value(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An overloaded Claude falls back to a Converse model: the ``agentq.fallback`` event names
+    the model it goes to under the conventions' ``gen_ai.provider.name``, in their value
+    (``aws.bedrock``, as the fallback's own chat span says), not agentq's ``bedrock-converse``."""
+    claude, nova = PROVIDERS[0], PROVIDERS[2]
+    with claude.serve(monkeypatch) as first, nova.serve(monkeypatch) as second:
+        first.enqueue(overloaded())
+        second.enqueue(converse_reply("nova answered"))
+        fallbacks = [{"provider": nova.name, "model": nova.model}]
+        task = store.tasks.create(submission(claude, fallbacks=fallbacks), tenant="t")
+        assert run(store, registry, task.task_id) is TaskStatus.SUCCEEDED
+    (event,) = [a for s in receiver.spans for n, a in s.events if n == "agentq.fallback"]
+    (chat,) = [s for s in receiver.spans if s.name == f"chat {nova.model}"]
+    assert event["gen_ai.provider.name"] == chat.attributes["gen_ai.provider.name"] == "aws.bedrock"
+    assert event["gen_ai.request.model"] == nova.model
+
+
 def invocations(spans: list[ReceivedSpan], task: Task) -> list[ReceivedSpan]:
     return sorted(
         (s for s in spans if s.name.startswith("invoke_agent") and s.attributes["agentq.task_id"] == task.task_id),

@@ -157,7 +157,8 @@ class ModelRouter:
                         failed.model, exc.code, choice.provider, choice.model)  # fmt: skip
             observe.otel.event("agentq.fallback", {"agentq.failed_model": f"{failed.provider}/{failed.model}",
                                                    "agentq.error_code": exc.code, "gen_ai.request.model": choice.model,
-                                                   "gen_ai.provider.name": choice.provider})  # fmt: skip
+                                                   # the conventions' value ("aws.bedrock"), as on the chat span
+                                                   "gen_ai.provider.name": observe.otel.genai_provider(choice.provider)})  # fmt: skip
             first = route.fallback or FallbackNote(provider=failed.provider, model=failed.model, reason=exc.code)
             return Route(admission, choice, first.model_copy(update={"reason": exc.code}))
         return None
