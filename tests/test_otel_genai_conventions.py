@@ -37,6 +37,7 @@ from agentq.storage.container import Storage
 
 from tests.fake_messages_api import (
     FakeMessagesAPI,
+    invalid_request,
     overloaded,
     point_anthropic_at,
     text_reply,
@@ -509,6 +510,77 @@ def test_the_fallback_event_names_the_provider_by_the_conventions_value(
     (chat,) = [s for s in receiver.spans if s.name == f"chat {nova.model}"]
     assert event["gen_ai.provider.name"] == chat.attributes["gen_ai.provider.name"] == "aws.bedrock"
     assert event["gen_ai.request.model"] == nova.model
+
+
+def emf_total(out: str, metric: str) -> float:
+    """``metric`` summed over the EMF documents printed to ``out``."""
+    docs = [json.loads(line) for line in out.splitlines() if line.startswith("{") and '"_aws"' in line]
+    values = [doc[metric] for doc in docs if metric in doc]
+    return sum(sum(v) if isinstance(v, list) else v for v in values)
+
+
+@pytest.mark.parametrize("answered", [True, False], ids=["answered", "errored"])
+def test_an_economy_tasks_batched_call_is_a_chat_span_from_its_submission_and_a_point_of_each_metric(
+    answered: bool,
+    receiver: OtlpReceiver,
+    store: Storage,
+    registry: ToolRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A turn sent as a batch is a model call too, its answer read by a later run: that run
+    sends its ``chat`` span, from the batch's submission to the read, and its points of the GenAI
+    client metrics (an errored request's with ``error.type``), and its tokens go to the EMF
+    metrics. A look before the batch ended sends none (the call is not over)."""
+    import time
+
+    from agentq.control.submit import parse_submission
+    from agentq.observe import names
+
+    monkeypatch.setenv("AGENTQ_EMF", "1")
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    provider = PROVIDERS[0]
+    with FakeMessagesAPI(batch_seconds=1.0) as server:
+        point_anthropic_at(server, monkeypatch.setenv)
+        server.enqueue(text_reply("batched answer", usage=usage_dict(40, 7)) if answered else invalid_request())
+        body = {"goal": "hi", "provider": provider.name, "model": provider.model, "constraints": {"economy": True}}
+        task = store.tasks.create(parse_submission(body), tenant="t")
+        engine = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=30))
+
+        def claimed() -> str:
+            return engine.run(task.task_id, keeper=lambda _: contextlib.nullcontext()).outcome
+
+        assert claimed() == "waiting"  # sent
+        batch = store.tasks.get(task.task_id).batch
+        assert batch is not None
+        store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the poll message does
+        assert claimed() == "waiting"  # looked at before it ended
+        time.sleep(1.1)
+        store.tasks.transition(task.task_id, TaskStatus.QUEUED)
+        assert claimed() == "finished"
+        address = server_address(server)
+    ended = store.tasks.get(task.task_id)
+    assert ended.status is (TaskStatus.SUCCEEDED if answered else TaskStatus.FAILED)
+    submitted = min(s.start_ns for s in receiver.spans if s.name.startswith("run "))
+    otel.reset()  # flushes the metrics
+    (chat,) = [s for s in receiver.spans if s.name.startswith("chat ")]
+    applies = {"gen_ai.conversation.id", "gen_ai.request.model", "server.port", "server.address",
+               "gen_ai.request.max_tokens"}  # fmt: skip
+    if answered:
+        applies |= {"gen_ai.response.model", "gen_ai.response.finish_reasons", "gen_ai.usage.output_tokens"}
+    check_span(chat, INFERENCE, applies | (set() if answered else {"error.type"}))
+    assert (chat.attributes["server.address"], chat.attributes["server.port"]) == address
+    assert chat.attributes["agentq.batch_id"] == batch["id"]
+    assert "gen_ai.request.stream" not in chat.attributes
+    assert submitted <= chat.start_ns and chat.end_ns - chat.start_ns >= 1e9  # from its submission, not its read
+    (read,) = [s for s in receiver.spans if s.span_id == chat.parent_span_id]
+    assert read.name == "step 1" and read.start_ns > chat.start_ns  # under the step of the run that read it
+    (duration,) = receiver.histogram("gen_ai.client.operation.duration")
+    assert duration.count == 1 and duration.sum >= 1
+    assert ("error.type" in duration.attributes) is not answered
+    usage = receiver.histogram("gen_ai.client.token.usage")
+    assert sum(p.sum for p in usage if p.attributes["gen_ai.token.type"] == "output") == (7 if answered else 0)
+    assert emf_total(capsys.readouterr().out, names.TOKENS_OUT) == (7 if answered else 0)
 
 
 def invocations(spans: list[ReceivedSpan], task: Task) -> list[ReceivedSpan]:

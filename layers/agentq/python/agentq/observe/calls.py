@@ -99,12 +99,15 @@ def llm_call(
     step: int,
     endpoint: str | None = None,
     streams: bool = False,
+    since: float | None = None,
 ) -> Iterator[LLMCall]:
     """Around ``provider.complete``; call ``answered`` with the response. A provider error
     leaving the block is recorded on the subsegment, and as ``error.type`` on the span and the
     duration metric. ``endpoint``: the provider's base URL (``server.address``/``server.port``);
     ``streams``: the request goes as a stream (``gen_ai.request.stream``, which the conventions
-    set if and only if it does: known before the call, so a call that fails says it too)."""
+    set if and only if it does: known before the call, so a call that fails says it too);
+    ``since``: when the call went out, if before the block (``time.time()``: a batch's
+    submission, its answer read by a later run), where its span starts and its duration counts from."""
     system = otel.genai_provider(provider)
     server = server_of(endpoint)
     metric: dict[str, str | int] = {
@@ -120,8 +123,11 @@ def llm_call(
         "gen_ai.conversation.id": task_id,
         **({"gen_ai.request.stream": True} if streams else {}),
     }
-    started = time.monotonic()
-    with span(f"chat {model}") as s, otel.span(f"chat {model}", request, client=True) as exported:
+    started = time.monotonic() - (max(0.0, time.time() - since) if since is not None else 0.0)
+    with (
+        span(f"chat {model}") as s,
+        otel.span(f"chat {model}", request, client=True, start_time=since) as exported,
+    ):
         s.annotate(
             gen_ai_operation_name="chat",
             gen_ai_provider_name=system,

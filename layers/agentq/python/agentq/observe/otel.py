@@ -252,10 +252,13 @@ def step(number: int, kind: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def span(name: str, attributes: Attributes, *, client: bool = False) -> Iterator[Span | None]:
+def span(
+    name: str, attributes: Attributes, *, client: bool = False, start_time: float | None = None
+) -> Iterator[Span | None]:
     """A span under the current one: a model call (``client``: a call to another process, CLIENT
     kind), a tool call (INTERNAL, as the conventions want of ``execute_tool``). An exception
-    leaving the block is recorded on it as an ``exception`` event, its status an error."""
+    leaving the block is recorded on it as an ``exception`` event, its status an error.
+    ``start_time``: when the operation began, if before the block (a batch's submission)."""
     if tracer() is None:
         yield None
         return
@@ -264,7 +267,8 @@ def span(name: str, attributes: Attributes, *, client: bool = False) -> Iterator
 
     context = otel_context.get_current()
     kind = SpanKind.CLIENT if client else SpanKind.INTERNAL
-    with _started(name, context, kind=kind, attributes=attributes) as made, _current(made):
+    began = {"start_time": int(start_time * 1e9)} if start_time is not None else {}
+    with _started(name, context, kind=kind, attributes=attributes, **began) as made, _current(made):
         yield made
 
 

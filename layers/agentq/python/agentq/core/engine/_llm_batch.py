@@ -13,12 +13,14 @@ its windows held nothing for it, and a capped user's second batch went out too: 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from agentq import observe
 from agentq.core.engine._caps import CallHold, spend_holds
 from agentq.core.engine._llm_call import Call
 from agentq.core.engine._session import Session
@@ -27,8 +29,8 @@ from agentq.core.errors import ProviderError
 from agentq.core.faults import crash_point
 from agentq.core.models import TaskStatus
 from agentq.core.ports import ScopeCapsPort, TaskLeases, TenantWindowsPort
-from agentq.core.providers import LLMResponse, ProviderFactory
-from agentq.core.providers.base import BatchProvider, RetryNotice, reporting_retries
+from agentq.core.providers import LLMProvider, LLMResponse, ProviderFactory
+from agentq.core.providers.base import BatchProvider, RemoteProvider, RetryNotice, reporting_retries
 from agentq.core.status import LOOK_DUE
 
 log = logging.getLogger("agentq.engine")
@@ -71,10 +73,15 @@ class Batches:
             )  # fmt: skip
         if batch is not None:
             call.may_be_billed = True  # the batch exists: it runs, and is billed, unless its result says otherwise
-            response = provider.batch_result(str(batch["id"]), str(batch["custom_id"]))
+            try:
+                response = provider.batch_result(str(batch["id"]), str(batch["custom_id"]))
+            except ProviderError as exc:
+                self.observed(s, call, provider, batch, exc)
+                raise
             if response is None:  # looked at before it ended: wait again
                 return self.park(s, batch)
             call.started = float(batch["submitted_at"])
+            self.observed(s, call, provider, batch, response)
             return response
         custom_id = f"{s.task_id}-s{s.next_step}-e{s.lease.epoch}"[:64]
         record = {"custom_id": custom_id, "step": s.next_step, "epoch": s.lease.epoch, "submitted_at": time.time()}
@@ -85,6 +92,24 @@ class Batches:
         # The windows' hold of the attempt that made it (a retry's, after a cut one), kept with it.
         record[RECORDED] = call.window.record() if call.window is not None else {}
         return self.park(s, record)
+
+    def observed(
+        self, s: Session, call: Call, provider: LLMProvider, batch: dict[str, Any], outcome: LLMResponse | ProviderError
+    ) -> None:
+        """The batch's call in the telemetry, once its outcome is read (an answer, or the error
+        its result says): a ``chat`` span from its submission to now, under the step that reads
+        it, a point of each GenAI client metric, its tokens in the EMF metrics, as a call the
+        run waited on. A look before the batch ended says nothing (the call is not over)."""
+        with contextlib.suppress(ProviderError), observe.llm_call(
+            provider=provider.name, model=call.request.model, max_tokens=call.max_out, task_id=s.task_id,
+            step=s.next_step, endpoint=provider.endpoint if isinstance(provider, RemoteProvider) else None,
+            since=float(batch["submitted_at"]),
+        ) as made:  # fmt: skip
+            if made.otel_span is not None:
+                made.otel_span.set_attribute("agentq.batch_id", str(batch["id"]))
+            if isinstance(outcome, ProviderError):
+                raise outcome  # recorded as a failed call's (``error.type``), then dropped here: the caller raises it
+            made.answered(outcome)
 
     def recorded(self, s: Session, batch: dict[str, Any]) -> CallHold | None:
         """The windows' hold that ``batch``'s park recorded, for its answer to settle; None when
