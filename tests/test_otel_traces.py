@@ -210,3 +210,73 @@ def test_runs_in_two_processes_hang_under_the_same_task_span(
     workers = {r.attributes["agentq.worker_id"] for r in runs}
     assert len(workers) == 2 and "here" in workers
     assert [s.name for s in spans if s.parent_span_id is None] == ["invoke_agent agentq"]
+
+
+class _Queues:
+    """The queues the dispatcher reports an ended task's end to: nothing to send here."""
+
+    def send(self, *_: Any, **__: Any) -> None:
+        pass
+
+    def send_webhook(self, body: str) -> None:
+        pass
+
+    def forwards(self, submission: Any) -> bool:
+        return False
+
+
+def test_an_invocation_whose_ending_run_was_killed_gets_its_invoke_agent_span_from_the_redelivery(
+    receiver: OtlpReceiver, settings: Settings
+) -> None:
+    """Run 1 parks for an approval (its spans sent, under the invocation's derived span id); run
+    2, in a worker process, commits the final answer and is SIGKILLed before it sends the
+    ``invoke_agent`` span. The message's redelivery finds the task ended and reports the end
+    again (``queueing.dispatch._ended``): it sends the span the run would have, once (a second
+    redelivery finds it noted), so the invocation's runs hang from a span that arrives."""
+    from agentq.runtime import build_dispatcher
+
+    store = build_store(settings)
+    registry = build_registry(settings)
+    turns = [{"text": "asking", "tool_calls": [call("request_approval", question="go?")]}, {"text": "went"}]
+    task = store.tasks.create(scripted(turns, tools=["request_approval"]), tenant="t")
+    assert run(store, registry, task.task_id, "w1") is TaskStatus.PAUSED
+    pending = store.approvals.pending(task.task_id)
+    assert pending is not None
+    store.approvals.decide(task.task_id, pending.use_id, approved=True, note="", by="alice")
+    killed = run_agentq(["run-task", task.task_id], timeout=120, env=child_env(
+        settings, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, AGENTQ_CRASH_AT="after_llm_commit:1"))  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    ended = store.tasks.get(task.task_id)
+    assert ended.status is TaskStatus.SUCCEEDED and ended.traced_invocation is None
+    engine = Engine(store, worker_id="w3", tools=registry, config=EngineConfig(lease_seconds=30))
+    dispatcher = build_dispatcher(engine, store, _Queues(), max_receive_count=5)  # type: ignore[arg-type]
+    for receive in (2, 3):
+        action = dispatcher.handle(json.dumps({"task_id": task.task_id}), tier="normal", receive_count=receive)
+        assert action.kind == "delete"
+    otel.flush()
+    spans = receiver.spans
+    root = otel.span_id_of("task", task.task_id)
+    (agent,) = [s for s in spans if s.span_id == root]
+    assert agent.name == "invoke_agent agentq" and agent.parent_span_id is None
+    assert agent.attributes["agentq.status"] == "succeeded" and agent.status_code != 2
+    assert agent.attributes["gen_ai.usage.output_tokens"] == ended.tokens_out > 0
+    (first,) = [s for s in spans if s.name.startswith("run ")]  # the killed run sent none of its spans
+    assert first.parent_span_id == root and first.attributes["agentq.worker_id"] == "w1"
+    assert store.tasks.get(task.task_id).traced_invocation == 0
+
+
+def test_a_redelivered_end_whose_invoke_agent_span_was_sent_sends_it_no_more(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry
+) -> None:
+    """The run that ends an invocation notes its span sent once flushed: a redelivery of the
+    message (the worker died before deleting it) finds the note and sends no second span."""
+    from agentq.runtime import build_dispatcher
+
+    task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")
+    assert run(store, registry, task.task_id, "w1") is TaskStatus.SUCCEEDED
+    assert store.tasks.get(task.task_id).traced_invocation == 0
+    engine = Engine(store, worker_id="w2", tools=registry, config=EngineConfig(lease_seconds=30))
+    dispatcher = build_dispatcher(engine, store, _Queues(), max_receive_count=5)  # type: ignore[arg-type]
+    assert dispatcher.handle(json.dumps({"task_id": task.task_id}), tier="normal", receive_count=2).kind == "delete"
+    otel.flush()
+    assert [s.name for s in receiver.spans if s.parent_span_id is None] == ["invoke_agent agentq"]

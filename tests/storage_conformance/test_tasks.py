@@ -476,3 +476,14 @@ def test_a_fork_cut_short_is_purged_once_its_placeholder_expired_and_not_before(
     backend.table.update(keys.meta_key("fork-2"), Update(set={"expires_at": int(time.time()) - 1}))
     assert backend.purge.task("fork-2").items > 0
     assert backend.steps.raw_items("fork-2") == []
+
+
+def test_the_trace_of_an_ended_invocation_is_noted_on_the_task_and_nothing_on_a_deleted_one(backend: Storage) -> None:
+    task_id = new_task(backend)
+    assert backend.tasks.get(task_id).traced_invocation is None
+    backend.tasks.transition(task_id, TaskStatus.CANCELLED)
+    backend.tasks.note_traced(task_id, 0)
+    assert backend.tasks.get(task_id).traced_invocation == 0
+    backend.tasks.note_traced("nope", 0)  # a task deleted meanwhile: nothing written
+    with pytest.raises(TaskNotFound):
+        backend.tasks.get("nope")

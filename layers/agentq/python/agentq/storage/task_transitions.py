@@ -9,6 +9,7 @@ the same write; leaving one is refused once that retention has run out.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from decimal import Decimal
 from typing import Any
@@ -292,6 +293,15 @@ class TaskTransitions(TaskItems):
         except ConditionFailed:
             return False
         return True
+
+    def note_traced(self, task_id: str, invocation: int) -> None:
+        """The ``invoke_agent`` span of the task's ``invocation`` was sent and flushed
+        (``Task.traced_invocation``): a redelivery of its end sends it no more. Unfenced (the
+        task has ended; a reopen since starts a later invocation, which this does not name); a
+        task deleted meanwhile is nothing to note."""
+        with contextlib.suppress(ConditionFailed):
+            self.table.update(keys.meta_key(task_id), Update(set={"traced_invocation": invocation}),
+                              condition=present())  # fmt: skip
 
     def set_task_token(self, task_id: str, token: str) -> None:
         self.table.update(keys.meta_key(task_id), Update(set={"task_token": token}), condition=present())

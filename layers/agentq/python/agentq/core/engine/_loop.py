@@ -241,6 +241,10 @@ class Engine:
             return
         now = self.store.tasks.get(claimed.task_id)
         observe.otel.task_ended(claimed, result.status.value, result.error, tokens=(now.tokens_in, now.tokens_out))
+        try:  # after the flush: a worker killed before it leaves the span to the redelivery (dispatch._ended)
+            self.store.tasks.note_traced(claimed.task_id, claimed.invocation)
+        except Exception:  # the span went out; a redelivery may send it again
+            log.warning("could not note the trace of task %s's end", claimed.task_id, exc_info=True)
 
     def _loop(self, s: Session) -> RunResult:
         while True:

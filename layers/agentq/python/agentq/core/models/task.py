@@ -110,6 +110,10 @@ class Task(BaseModel):
     invoked_at: float | None = None
     invocation_tokens_in: int = 0
     invocation_tokens_out: int = 0
+    # The invocation whose ``invoke_agent`` span was sent and flushed (written after the flush):
+    # a redelivery of an ended task sends it when the run that ended it died first. Written only
+    # where OpenTelemetry export is on; None: none of this task's.
+    traced_invocation: int | None = None
     slots: list[str] = Field(default_factory=list)  # the running slots it holds (storage.running_slots)
     # The provider and model that answer since a fallback took over (set by the commit of the
     # step that records the switch); None: the task's own model answers.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from agentq import observe
 from agentq.core.errors import IllegalTransition
 from agentq.core.models import Task, TaskStatus
 from agentq.queueing.dispatch._context import Action, Context
@@ -24,6 +25,7 @@ log = logging.getLogger("agentq.dispatch")
 def answer_ended(ctx: Context, task: Task, tier: str, attributes: dict[str, Any] | None) -> Action | Task:
     """The Action for a message of an ended ``task``, or the task as it is after a redrive
     requeued it (to run now)."""
+    _trace_end(ctx, task)
     if task.status is TaskStatus.FAILED and _was_dead_lettered(attributes):
         if _requeue_redriven(ctx, task, attributes):
             return task
@@ -38,6 +40,20 @@ def answer_ended(ctx: Context, task: Task, tier: str, attributes: dict[str, Any]
     if task.lapsed_holds:
         _release_lapsed(ctx, task, tier)
     return Action("delete", f"task already {task.status.value}", task_id=task.task_id)
+
+
+def _trace_end(ctx: Context, task: Task) -> None:
+    """The ``invoke_agent`` span of the invocation that ended, when the run that ended it did not
+    note it sent (``Task.traced_invocation``: killed between the end's commit and the span's
+    flush, or ended by no run, as a cancel): without it the invocation's runs hang from a parent
+    that never arrives. Its id is derived, so it is the span the run would have sent."""
+    if not observe.otel.enabled() or task.traced_invocation == task.invocation:
+        return
+    observe.otel.task_ended(task, task.status.value, task.error, tokens=(task.tokens_in, task.tokens_out))
+    try:
+        ctx.store.tasks.note_traced(task.task_id, task.invocation)
+    except Exception:  # the span went out; another redelivery may send it again
+        log.warning("could not note the trace of task %s's end", task.task_id, exc_info=True)
 
 
 def _release_or_pass_on(ctx: Context, task: Task) -> None:
