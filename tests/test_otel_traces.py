@@ -280,3 +280,89 @@ def test_a_redelivered_end_whose_invoke_agent_span_was_sent_sends_it_no_more(
     assert dispatcher.handle(json.dumps({"task_id": task.task_id}), tier="normal", receive_count=2).kind == "delete"
     otel.flush()
     assert [s.name for s in receiver.spans if s.parent_span_id is None] == ["invoke_agent agentq"]
+
+
+def test_the_steps_of_a_run_whose_worker_was_killed_hang_from_a_span_that_arrives(
+    receiver: OtlpReceiver, settings: Settings
+) -> None:
+    """A worker sends each span as it ends: a claim killed mid-task has sent its finished steps,
+    never its ``run`` span (open until the run ends). Its span id is derived from the task and
+    the lease's epoch, and the claim that takes the task over sends it, closed, an error
+    (``worker_lost``), before its own: every step the dead worker sent hangs from a span that
+    arrives, and no span id arrives twice."""
+    from agentq.worker import run_task
+
+    store = build_store(settings)
+    turns = [{"text": "looking", "tool_calls": [call("lookup", query="a")]},
+             {"text": "slow answer", "latency_seconds": 2}]  # fmt: skip
+    task = store.tasks.create(scripted(turns, tools=["lookup"]), tenant="t")
+    killed = run_agentq(["run-task", task.task_id, "--lease", "1"], timeout=120, env=child_env(
+        settings, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="100",
+        AGENTQ_CRASH_AT="after_llm_call:2", AGENTQ_MAX_CALL_SECONDS="1"))  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    resumed = run_task(task.task_id, settings=settings, lease_seconds=1, wait_seconds=20)
+    assert resumed.status is TaskStatus.SUCCEEDED, resumed
+    otel.flush()
+    spans = receiver.spans
+    ids = by_id(spans)
+    assert len(ids) == len(spans), "a span id was sent twice"
+    sent_by_the_dead = [s for s in spans if s.name in ("step 1", "step 2")]
+    assert sent_by_the_dead, "the killed worker's finished steps were exported before the kill"
+    lost = ids[otel.run_span_id(task.task_id, 1)]
+    assert {s.parent_span_id for s in sent_by_the_dead} == {lost.span_id}
+    assert lost.name == f"run {task.task_id}" and lost.status_code == 2
+    assert lost.attributes["error.type"] == "worker_lost" and lost.attributes["agentq.lease_epoch"] == 1
+    assert lost.parent_span_id == otel.span_id_of("task", task.task_id)
+    assert lost.start_ns <= min(s.start_ns for s in sent_by_the_dead)
+    taker = ids[otel.run_span_id(task.task_id, 2)]
+    assert taker.attributes["agentq.worker_id"] != lost.attributes["agentq.worker_id"] and taker.status_code != 2
+    assert all(s.parent_span_id in ids for s in spans if s.parent_span_id is not None), [
+        s.name for s in spans if s.parent_span_id not in ids and s.parent_span_id is not None
+    ]
+
+
+class TakenOverMidCall:
+    """The scripted provider, whose first call outlasts its run's lease (no heartbeat keeps it)
+    while another worker takes the task over: a stalled worker that goes on after the takeover."""
+
+    name = "scripted"
+
+    def __init__(self, store: Storage, registry: ToolRegistry, task: Task) -> None:
+        self.store, self.registry, self.task, self.calls = store, registry, task, 0
+        from agentq.core.providers import default_provider_factory
+
+        self.inner = default_provider_factory(task.submission)
+
+    def complete(self, request: Any) -> Any:
+        import threading
+        import time
+
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(1.2)  # past the lease
+            taker = threading.Thread(target=run, args=(self.store, self.registry, self.task.task_id, "w2"))
+            taker.start()
+            taker.join()
+        return self.inner.complete(request)
+
+
+def test_a_run_whose_claim_was_taken_over_while_it_went_on_sends_no_second_span_of_that_claim(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry
+) -> None:
+    """The claim that takes a task over from a worker that never gave the lease back sends that
+    worker's ``run`` span (``worker_lost``); a worker that was only stalled goes on, learns its
+    lease was taken at its next write, and sends no span of its own under the same id."""
+    task = store.tasks.create(scripted([{"text": "answered"}]), tenant="t")
+    provider = TakenOverMidCall(store, registry, task)
+    engine = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=1),
+                    providers=lambda _: provider)  # fmt: skip
+    stalled = engine.run(task.task_id, keeper=lambda _: contextlib.nullcontext())
+    assert stalled.outcome == "lease_lost"
+    otel.flush()
+    spans = receiver.spans
+    assert len(by_id(spans)) == len(spans), "a span id was sent twice"
+    (first,) = [s for s in spans if s.span_id == otel.run_span_id(task.task_id, 1)]
+    assert first.attributes["error.type"] == "worker_lost" and first.attributes["agentq.worker_id"] == "w1"
+    steps = [s for s in spans if s.name.startswith("step ") and s.parent_span_id == first.span_id]
+    assert steps  # the stalled run's step, sent when it ended, under the span the taker sent
+    assert otel.run_span_id(task.task_id, 2) in by_id(spans)

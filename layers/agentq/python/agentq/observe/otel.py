@@ -7,7 +7,8 @@ and the invocation's number, so a run started anywhere, any time, hangs its span
 parent without reading anything first:
 
     invoke_agent <agent>                 one invocation of the task (emitted when it ends)
-      run <task>                         one claim of it by a worker (a resume is another)
+      run <task>                         one claim of it by a worker (a resume is another; its id
+                                         derived from the lease's epoch: a takeover sends a dead one's)
         step <n>                         one step: an LLM turn or a tools turn
           chat <model>                   the model call (CLIENT), GenAI attributes; retries as events
           execute_tool <tool>            each tool call (INTERNAL)
@@ -44,7 +45,7 @@ from agentq.observe.otlp import ENDPOINT_VARIABLE, SERVICE_NAME, configured, res
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
-    from agentq.core.models import Task
+    from agentq.core.models import LostClaim, Task
     from agentq.core.records import BudgetState
 
 log = logging.getLogger("agentq.observe")
@@ -66,6 +67,8 @@ STATUS_LENGTH = 500
 # Set around the start of a span whose id is derived rather than random (``_DerivedIds``).
 _forced_span_id: ContextVar[int | None] = ContextVar("agentq_otel_span_id", default=None)
 _forced_trace_id: ContextVar[int | None] = ContextVar("agentq_otel_trace_id", default=None)
+# The run in progress (``task_run``): whether a claim took its task over (``superseded``).
+_run_state: ContextVar[dict[str, bool] | None] = ContextVar("agentq_otel_run", default=None)
 
 
 def genai_provider(provider: str) -> str:
@@ -187,12 +190,12 @@ def record_exception(made: Span, exc: BaseException) -> None:
 
 
 @contextlib.contextmanager
-def _current(made: Span) -> Iterator[None]:
-    """``made`` is the current span for the block, ended after it; an exception leaving the
-    block is recorded (``record_exception``) and makes its status an error."""
+def _current(made: Span, *, end: bool = True) -> Iterator[None]:
+    """``made`` is the current span for the block, ended after it (unless not ``end``); an
+    exception leaving the block is recorded (``record_exception``) and makes its status an error."""
     from opentelemetry import trace
 
-    with trace.use_span(made, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+    with trace.use_span(made, end_on_exit=end, record_exception=False, set_status_on_exception=False):
         try:
             yield
         except Exception as exc:
@@ -200,25 +203,74 @@ def _current(made: Span) -> Iterator[None]:
             raise
 
 
+def run_span_id(task_id: str, epoch: int) -> int:
+    """The ``run`` span of the claim of ``task_id`` under lease ``epoch``: derived, so the claim
+    that takes the task over from a dead worker can send the span that worker never did."""
+    return span_id_of("run", task_id, f"epoch-{epoch}")
+
+
 @contextlib.contextmanager
 def task_run(task: Task, worker_id: str, resumed_from: int) -> Iterator[None]:
-    """One claim of ``task``: the run's span is current for everything the run does."""
+    """One claim of ``task`` (as claimed: its ``lease_epoch`` is the claim's): the run's span is
+    current for everything the run does. A worker sends each span as it ends, so a worker
+    killed mid-run sent its finished steps and never its ``run`` span (open until the run
+    ends): the claim that takes the task over sends it for it first (``lost_run``), closed, an
+    error. A run whose claim was taken over while it went on (a stalled worker: ``superseded``)
+    sends none, as that claim sent it."""
     if tracer() is None:
         yield
         return
 
+    if task.lost_claim is not None:
+        lost_run(task, task.lost_claim)
     attributes = {
         "agentq.task_id": task.task_id,
         "agentq.worker_id": worker_id,
+        "agentq.lease_epoch": task.lease_epoch,
         "agentq.resumed_from_step": resumed_from,
         **user_attributes(task),
     }
-    with _started(f"run {task.task_id}", _task_parent(task), attributes=attributes) as span:
+    run_id = run_span_id(task.task_id, task.lease_epoch)
+    state = {"superseded": False}
+    token = _run_state.set(state)
+    with _started(f"run {task.task_id}", _task_parent(task), run_id, attributes=attributes) as span:
         try:
-            with _current(span):
+            with _current(span, end=False):
                 yield
         finally:
+            _run_state.reset(token)
+            if not state["superseded"]:
+                span.end()
             flush()
+
+
+def lost_run(task: Task, lost: LostClaim) -> None:
+    """The ``run`` span of the claim ``task`` was taken over from (its worker never gave the
+    lease back: killed, or stalled), with the id that worker's steps hang from: from its claim
+    to this takeover, status an error, ``error.type`` ``worker_lost``."""
+    from opentelemetry.trace import Status, StatusCode
+
+    attributes: dict[str, str | int | float] = {
+        "agentq.task_id": task.task_id,
+        "agentq.worker_id": lost.worker,
+        "agentq.lease_epoch": lost.epoch,
+        "error.type": "worker_lost",
+        **user_attributes(task),
+    }
+    if lost.heartbeat_at is not None:
+        attributes["agentq.last_heartbeat_at"] = lost.heartbeat_at
+    with _started(f"run {task.task_id}", _task_parent(task), run_span_id(task.task_id, lost.epoch),
+                  attributes=attributes, start_time=int(lost.claimed_at * 1e9)) as made:  # fmt: skip
+        made.set_status(Status(StatusCode.ERROR, "worker_lost"))
+        made.end()
+
+
+def superseded() -> None:
+    """The run in progress learnt that a claim took its task over: that claim sent this run's
+    span (``lost_run``), so this run sends none (one span per id); its steps hang from that one."""
+    state = _run_state.get()
+    if state is not None:
+        state["superseded"] = True
 
 
 def budget_after_run(state: BudgetState) -> None:

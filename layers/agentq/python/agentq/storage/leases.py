@@ -27,7 +27,7 @@ from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq import observe
 from agentq.core.errors import LeaseLost, TaskNotFound
-from agentq.core.models import Lease, Task, TaskStatus
+from agentq.core.models import Lease, LostClaim, Task, TaskStatus
 from agentq.core.records import ClaimOwner, ClaimRecord
 from agentq.core.reservation import Seen
 from agentq.core.status import DEFERRED_EPOCH, SILENT_UNTIL
@@ -136,6 +136,18 @@ def _after_deferral(meta: Item, epoch: int) -> bool:
     return deferred is not None and int(deferred) == epoch - 1
 
 
+def _lost_claim(old: Item) -> LostClaim | None:
+    """The claim META held (``old``, as a refused claim write found it) when its worker never
+    gave the lease back: the task ``running``, its lease still set (a release, an end, a park
+    set it to 0). Killed or stalled, that worker sent no ``run`` span (``Task.lost_claim``)."""
+    if old.get("status") != TaskStatus.RUNNING.value or not float(old.get("lease_expires", 0)):
+        return None
+    beat = old.get("heartbeat_at")
+    claimed = old.get("last_claimed_at", beat)
+    return LostClaim(epoch=int(old.get("lease_epoch", 0)), worker=str(old.get("lease_owner", "")),
+                     claimed_at=float(claimed or 0), heartbeat_at=float(beat) if beat is not None else None)  # fmt: skip
+
+
 def _live(live_text: str | None, seen: Seen | None) -> dict[str, Any]:
     """The META attributes of a streamed call in flight, those there are."""
     sets: dict[str, Any] = {}
@@ -206,9 +218,10 @@ class TaskLeases(TaskItems):
                 **PREVIOUS_CLAIM,
             },
         )
-        meta = self._claim_write(task_id, update, now)
-        if meta is None:
+        written = self._claim_write(task_id, update, now)
+        if written is None:
             return None
+        meta, lost = written
         epoch = int(meta["lease_epoch"])
         if meta.get("claimed_from") == TaskStatus.RUNNING.value:
             if _after_deferral(meta, epoch):
@@ -222,6 +235,8 @@ class TaskLeases(TaskItems):
         if sub is None:
             raise TaskNotFound(f"task {task_id!r} has no submission", field="task_id")
         task = self._decode(meta, sub)
+        if lost is not None and meta.get("claimed_from") == TaskStatus.RUNNING.value:  # not after a deferral
+            task = task.model_copy(update={"lost_claim": lost})
         observe.task_status_changed(task_id, task.tenant, TaskStatus.RUNNING.value, epoch=epoch, worker=worker)
         return Lease(task_id=task_id, owner=worker, epoch=epoch, expires_at=task.lease_expires), task
 
@@ -261,12 +276,18 @@ class TaskLeases(TaskItems):
             return meta
         return counted if counted is not None else meta
 
-    def _claim_write(self, task_id: str, update: Update, now: float) -> Item | None:
-        """The claim's one conditional write of META (ALL_NEW), or None when it may not claim.
+    def _claim_write(self, task_id: str, update: Update, now: float) -> tuple[Item, LostClaim | None] | None:
+        """The claim's conditional write of META (ALL_NEW), with the claim it took the task over
+        from when that claim's worker never gave the lease back (``_lost_claim``); None when it
+        may not claim.
 
-        Taken when the task is claimable and its lease lapsed; or, refused, when the refusal's
-        old item names an owner worker whose liveness lapsed (``WorkerLiveness.lapsed``): the
-        same write again, conditional on that owner, that epoch and the ``lease_epoch`` seen.
+        Taken at once when the task is claimable and its lease was given back (0: a queued task,
+        a hand-off). A lease that lapsed without being given back (its worker killed, or
+        stalled) refuses that write, whose old item names the claim it takes over; the write is
+        then made again on the ``lease_epoch`` seen: one refused write more, only for a takeover.
+        Or, refused, when the refusal's old item names an owner worker whose liveness lapsed
+        (``WorkerLiveness.lapsed``): the same write again, conditional on that owner, that epoch
+        and the ``lease_epoch`` seen.
         The write takes META's previous claim out of it (the latest becomes the previous): when
         that one may have no record yet (``UNRECORDED_PREVIOUS``, as after a claimer died before
         its records), the refusal's old item holds it, its record is written from there, and the
@@ -282,19 +303,23 @@ class TaskLeases(TaskItems):
         key = keys.meta_key(task_id)
         claimable = present() & status_in(list(CLAIMABLE))
         lapsed = claimable & Attr("lease_expires").lt(Decimal(repr(now)))
+        given_back = claimable & Attr("lease_expires").eq(0)
         try:
-            return self.table.update(key, update, condition=lapsed & ~UNRECORDED_PREVIOUS, returns="ALL_NEW")
+            meta = self.table.update(key, update, condition=given_back & ~UNRECORDED_PREVIOUS, returns="ALL_NEW")
         except ConditionFailed as exc:
             old = plain(exc.old or {})
+        else:
+            return (meta, None) if meta is not None else None
         if old.get("status") not in {s.value for s in CLAIMABLE}:
             return None
         seen = Attr("lease_epoch").eq(int(old.get("lease_epoch", 0)))
-        if float(old.get("lease_expires", 0)) < now:  # refused only to record the claim it would drop
+        if float(old.get("lease_expires", 0)) < now:  # lapsed, or refused only to record the claim it would drop
             self._record_previous(task_id, old)
             try:
-                return self.table.update(key, update, condition=lapsed & seen, returns="ALL_NEW")
+                meta = self.table.update(key, update, condition=lapsed & seen, returns="ALL_NEW")
             except ConditionFailed:
                 return None  # claimed by another meanwhile
+            return (meta, _lost_claim(old)) if meta is not None else None
         if "owner_worker" not in old:
             return None
         owner, epoch = str(old["owner_worker"]), int(old["owner_epoch"])
@@ -307,7 +332,7 @@ class TaskLeases(TaskItems):
         except ConditionFailed:
             return None
         log.info("task %s taken over from worker %s (liveness epoch %s lapsed)", task_id, owner, epoch)
-        return meta
+        return (meta, _lost_claim(old)) if meta is not None else None
 
     def _record_previous(self, task_id: str, meta: Item) -> None:
         """Write the record of META's previous claim (``pc_*``) if it may have none yet

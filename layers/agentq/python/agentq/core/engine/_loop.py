@@ -43,7 +43,7 @@ from agentq.core.engine.result import RunResult, lease_lost
 from agentq.core.errors import DETERMINISTIC_FAULTS, LeaseLost, TaskNotFound, fault_error
 from agentq.core.fanout import SPAWN_TOOL, FanoutLauncher
 from agentq.core.faults import crash_point
-from agentq.core.models import LLMStep, Task, TaskStatus, TaskSubmission
+from agentq.core.models import Lease, LLMStep, Task, TaskStatus, TaskSubmission
 from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
 from agentq.core.providers import LLMProvider, ProviderFactory, default_provider_factory
@@ -206,6 +206,7 @@ class Engine:
             except HoldsInFlight as exc:
                 result = self._defer(session, exc)
             except LeaseLost as exc:
+                self._superseded(lease)
                 self._holds.release_unsent(session)
                 if "stopping" in exc.details:  # a stop's mark: the lease goes back for the next delivery
                     with contextlib.suppress(LeaseLost):
@@ -233,6 +234,16 @@ class Engine:
             live = [h.until for h in session.task.lapsed_holds.values() if h.until]
             result.lapsed_until = max(live, default=None)
         return result
+
+    def _superseded(self, lease: Lease) -> None:
+        """The run lost its lease: when a later claim took the task over, that claim sent this
+        run's span for it (``observe.otel.lost_run``), and this run sends none. One read, for the
+        trace only."""
+        if not observe.otel.enabled():
+            return
+        with contextlib.suppress(TaskNotFound):
+            if self.store.tasks.get(lease.task_id).lease_epoch > lease.epoch:
+                observe.otel.superseded()
 
     def _invocation_ended(self, claimed: Task, result: RunResult) -> None:
         """This run ended the task's invocation (an answer, a failure, an interrupt's ``idle``):

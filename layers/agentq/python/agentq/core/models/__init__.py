@@ -70,7 +70,7 @@ from agentq.core.models.submission import (
     TaskSubmission,
     distinct_fallbacks,
 )
-from agentq.core.models.task import Lease, RetryState, Task
+from agentq.core.models.task import Lease, LostClaim, RetryState, Task
 from agentq.core.models.transitions import ALLOWED_TRANSITIONS, REOPENED_BY_MESSAGE, sources_of
 from agentq.core.status import TERMINAL_STATUSES, TaskStatus
 
@@ -105,6 +105,7 @@ __all__ = [
     "GradeStep",
     "LLMStep",
     "Lease",
+    "LostClaim",
     "McpToolPin",
     "MessageStep",
     "ModelChoice",

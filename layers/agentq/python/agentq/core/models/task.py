@@ -21,6 +21,17 @@ class Lease(StrictModel):
     expires_at: float
 
 
+class LostClaim(StrictModel):
+    """The claim a claim took the task over from whose worker never gave the lease back (its
+    lease lapsed, or its worker's liveness): killed, or stalled. What the trace tells of it, its
+    ``run`` span never sent by its own worker (``observe.otel.task_run``)."""
+
+    epoch: int
+    worker: str
+    claimed_at: float
+    heartbeat_at: float | None = None  # its worker's last sign of life
+
+
 class RetryState(StrictModel):
     """The latest retry of a task: the failure, which attempt it ended, when the next try is.
 
@@ -114,6 +125,9 @@ class Task(BaseModel):
     # a redelivery of an ended task sends it when the run that ended it died first. Written only
     # where OpenTelemetry export is on; None: none of this task's.
     traced_invocation: int | None = None
+    # Set by the claim that took the task over from a worker that never gave the lease back
+    # (``storage.leases``), never stored: the trace's account of that claim.
+    lost_claim: LostClaim | None = None
     slots: list[str] = Field(default_factory=list)  # the running slots it holds (storage.running_slots)
     # The provider and model that answer since a fallback took over (set by the commit of the
     # step that records the switch); None: the task's own model answers.
