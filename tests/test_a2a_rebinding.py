@@ -9,7 +9,11 @@ tests/a2a_servers/desk.py over https in a process of its own (127.0.0.2), and th
 service, a TLS listener on 127.0.0.1 with a certificate for the attacker's name (the worst case:
 a connection that reached it would complete its handshake and hand it the request). The DNS is
 ``socket.getaddrinfo`` answering as a rebinding attacker's server does (``Dns``); the outside
-network is ``socket.socket.connect`` refusing the public address (``no_outside_network``)."""
+network is ``socket.socket.connect`` refusing the public address (``no_outside_network``).
+
+The credential's binding is held as strictly: an agent's ``host`` without a port lets the card
+name an endpoint on any port of it, but the credential goes only to a host:port the vault binds
+it to (the last tests, against plain listeners on loopback)."""
 
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ import pytest
 from agentq.core.errors import AgentqError
 from agentq.core.models import RemoteAgentRef
 from agentq.core.tools.a2a_remote import RemoteAgents, RemoteUnreachable
-from agentq.core.tools.pinned_http import PinnedTransport, Pins
+from agentq.core.tools.pinned_http import BoundCredential, PinnedTransport, Pins
 from agentq.core.vault import Credential, HostBinding
 
 from tests.certificates import Certs, issue
@@ -275,3 +279,106 @@ def test_a_connection_to_a_host_port_nothing_checked_is_refused_without_resolvin
     assert world.internal.connections == []
     assert dns.at_check == 0 and dns.elsewhere == []
     assert no_outside_network == []
+
+
+class _Recorder:
+    """A plain HTTP listener on loopback: the headers of every request it got, and what it
+    answers (a card, or a JSON-RPC answer with a working task)."""
+
+    def __init__(self, card: dict[str, Any] | None = None) -> None:
+        import json
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.seen: list[dict[str, str]] = []
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None: ...
+
+            def _answer(self, body: bytes) -> None:
+                recorder.seen.append({k.lower(): v for k, v in self.headers.items()})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                self._answer(json.dumps(card or {}).encode())
+
+            def do_POST(self) -> None:
+                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                task = {"id": "t1", "contextId": "c1", "status": {"state": "TASK_STATE_WORKING"}}
+                self._answer(json.dumps({"jsonrpc": "2.0", "id": request.get("id"), "result": {"task": task}}).encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _card(endpoint: str) -> dict[str, Any]:
+    return {
+        "name": "far", "description": "d", "version": "1",
+        "supportedInterfaces": [{"url": endpoint, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
+        "capabilities": {}, "defaultInputModes": ["text/plain"], "defaultOutputModes": ["text/plain"],
+        "skills": [{"id": "s", "name": "s", "description": "d", "tags": []}],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("contact", ["send", "look"])
+def test_the_credential_is_not_sent_to_a_card_endpoint_on_a_port_its_binding_does_not_name(
+    monkeypatch: pytest.MonkeyPatch, contact: str
+) -> None:
+    """The agent's ``host`` names 127.0.0.1 without a port (any port: the guard lets the card's
+    endpoint on another port pass); the credential is bound to the card's host:port only. A card
+    naming its endpoint on another port of the host does not get the credential sent there: the
+    contact is refused naming the binding, and the endpoint gets no request at all. A look at an
+    endpoint a first contact recorded is held to the binding as it is now, the same way."""
+    endpoint = _Recorder()
+    card = _Recorder(_card(f"http://127.0.0.1:{endpoint.port}/"))
+    try:
+        monkeypatch.setenv("AGENTQ_A2A_ALLOW", "127.0.0.1")  # the operator's word: loopback, any port
+        ref = RemoteAgentRef.model_validate({
+            "name": "far", "card_url": f"http://127.0.0.1:{card.port}/.well-known/agent-card.json",
+            "host": "127.0.0.1", "credential": "far-key",
+        })  # fmt: skip
+        credential = Credential("far-key", "bearer", (HostBinding.parse(f"127.0.0.1:{card.port}"),), TOKEN)
+        client = RemoteAgents(timeout=10)
+        if contact == "send":
+            error = _failure(lambda: client.send(ref, "hello", key="k-1", credential=credential))
+        else:
+            remote = {"url": f"http://127.0.0.1:{endpoint.port}/", "task_id": "t1", "context_id": "c1"}
+            error = _failure(lambda: client.look(ref, remote, credential))
+        assert error.field == "credential" and f"not 127.0.0.1:{endpoint.port}: not sent" in error.message, error
+        assert endpoint.seen == []  # nothing reached the endpoint, credential or not
+        assert len(card.seen) == (1 if contact == "send" else 0)  # the card read (a port the binding names)
+    finally:
+        endpoint.close()
+        card.close()
+
+
+def test_a_credential_header_goes_on_each_request_to_a_host_port_it_is_bound_to_and_on_no_other() -> None:
+    """``BoundCredential`` decides per request: one client, two ports of one host, the header on
+    the bound one only (a client-wide default header would go to both)."""
+    bound, other = _Recorder(), _Recorder()
+    credential = Credential("far-key", "bearer", (HostBinding.parse(f"127.0.0.1:{bound.port}"),), TOKEN)
+    pins = Pins()
+    for port in (bound.port, other.port):
+        pins.pin("127.0.0.1", port, [ipaddress.ip_address("127.0.0.1")])
+
+    async def both() -> None:
+        async with httpx.AsyncClient(auth=BoundCredential(credential), transport=PinnedTransport(pins)) as http:
+            await http.get(f"http://127.0.0.1:{bound.port}/")
+            await http.post(f"http://127.0.0.1:{other.port}/", json={"id": 1})
+
+    try:
+        anyio.run(both)
+    finally:
+        bound.close()
+        other.close()
+    assert [h.get("authorization") for h in bound.seen] == [f"Bearer {TOKEN}"]
+    assert [h.get("authorization") for h in other.seen] == [None]

@@ -7,7 +7,10 @@ contacts without a worker (``core.engine._remote``). A send goes out with
 ``messageId`` that is the call's idempotency key and the same value as an ``Idempotency-Key``
 header, so a remote that dedupes (agentq does, by the header) takes a repeated send as the
 same message. Each URL is guarded before it is contacted (``core.remote_agents.guard``), the
-card's endpoint included, and the credential goes only to the reference's host.
+card's endpoint included, and the credential goes only where the vault binds it: a contact whose
+card or endpoint is on a host:port outside the binding is refused before anything is sent, and
+the header is added request by request, on a host:port it is bound to only
+(``pinned_http.BoundCredential``), never as a default every request of the client would carry.
 
 Every connection the client makes (the card, the endpoint, each send and look) goes to an
 address the guard checked for that host in this contact, never to the name resolved again
@@ -128,7 +131,7 @@ class RemoteAgents:
         import anyio
         import httpx
 
-        from agentq.core.tools.pinned_http import PinnedTransport, Pins
+        from agentq.core.tools.pinned_http import BoundCredential, PinnedTransport, Pins
 
         pins = Pins()  # what guard checked, host by host: the only addresses this contact connects to
 
@@ -137,13 +140,19 @@ class RemoteAgents:
             pins.pin(found.target.host, found.target.port, found.addresses)
             return found.target
 
-        headers = {}
-        if credential is not None:
-            target = checked(ref.card_url)
-            if not credential.allows(target.host, target.port):
+        def bound(target: Target) -> None:
+            """A contact with a credential is refused, nothing sent, when a host:port it would
+            reach (the card, the endpoint the card names) is outside the credential's binding:
+            ``host`` may name no port (any port), a binding always names where it may go."""
+            if credential is not None and not credential.allows(target.host, target.port):
                 raise refused(credential, target.host, target.port)
-            name, value = credential.header()
-            headers[name] = value
+
+        headers = {}
+        auth = None
+        if credential is not None:
+            bound(checked(ref.card_url))
+            credential.header()  # a header it may not send refuses the contact here, before anything is sent
+            auth = BoundCredential(credential)
         if key is not None:
             headers["Idempotency-Key"] = key
         reached = False
@@ -153,7 +162,7 @@ class RemoteAgents:
             from a2a.client import A2ACardResolver, ClientConfig, ClientFactory, minimal_agent_card
 
             async with httpx.AsyncClient(
-                headers=headers, timeout=self.timeout, follow_redirects=False, trust_env=False,
+                headers=headers, auth=auth, timeout=self.timeout, follow_redirects=False, trust_env=False,
                 transport=PinnedTransport(pins),
             ) as http:  # fmt: skip
                 if url is None:
@@ -166,7 +175,7 @@ class RemoteAgents:
                 else:
                     endpoint = url
                     card = minimal_agent_card(endpoint, ["JSONRPC"])
-                checked(endpoint, what="the card's endpoint")
+                bound(checked(endpoint, what="the card's endpoint"))
                 client = ClientFactory(ClientConfig(httpx_client=http, streaming=False)).create(card)
                 reached = True
                 return await work(client, endpoint)  # type: ignore[no-any-return]

@@ -30,6 +30,8 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 import httpcore
 import httpx
 
+from agentq.core.vault import Credential
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 # httpcore's errors as httpx's, most specific first (what httpx's own transport raises, so a
@@ -174,4 +176,24 @@ def _as_httpx_errors() -> Iterator[None]:
         raise
 
 
-__all__ = ["PinnedBackend", "PinnedTransport", "Pins"]
+class BoundCredential(httpx.Auth):
+    """A vault credential's header on each request to a host:port it is bound to, on no other.
+
+    Set as a client's default header it would go with every request the client makes, wherever a
+    card (the remote's word) sends it; as the client's ``auth`` it is decided per request from the
+    request's own URL (the name, as pinned connections keep it), and a port the binding does not
+    name gets nothing."""
+
+    def __init__(self, credential: Credential) -> None:
+        self.credential = credential
+
+    def auth_flow(self, request: httpx.Request) -> typing.Generator[httpx.Request, httpx.Response, None]:
+        url = request.url
+        port = url.port or (443 if url.scheme == "https" else 80)
+        if self.credential.allows(url.host, port):
+            name, value = self.credential.header()
+            request.headers[name] = value
+        yield request
+
+
+__all__ = ["BoundCredential", "PinnedBackend", "PinnedTransport", "Pins"]
