@@ -6,7 +6,9 @@ with its artifacts at ``completed``), each with a
 delivery id that stays the same across attempts; an internal URL is the protocol's invalid-params
 error naming ``url``, nothing stored; another tenant's task takes no config. A config given with
 a send is in place before its task can run: a task that pauses at once, or ends within its own
-submission, is notified, and a refused send leaves no config behind."""
+submission, is notified, and a refused send leaves no config behind. A task of the agent started
+outside A2A (``POST /tasks``) takes a config as well, and is heard: a config set while it runs
+too."""
 
 from __future__ import annotations
 
@@ -270,3 +272,47 @@ def test_a_refused_message_to_a_task_takes_back_the_config_it_came_with_and_keep
         assert refused["error"]["code"] == -32602 and "message.parts" in refused["error"]["message"], refused
         listed = _call(api_stack, name, "ListTaskPushNotificationConfigs", {"taskId": task_id})["result"]["configs"]
         assert [(c["id"], c.get("token")) for c in listed] == [("kept", "old")]
+
+
+def test_a_push_config_the_server_accepts_on_a_task_started_outside_a2a_is_delivered(
+    api_stack: ApiStack, receiver: Receiver
+) -> None:
+    """Over A2A a client sees every task of the agent (ListTasks, GetTask), one started with
+    ``POST /tasks`` too, and may set a config on it: the config is heard, the next question as
+    the end, as for a task the A2A server started."""
+    name = _agent(api_stack, TWO_APPROVALS, tools=["request_approval"])
+    status, made, _ = api_stack.http("POST", "/tasks", {"agent": name, "goal": "build and ship"})
+    assert status in (200, 201, 202), made
+    task_id = made["task_id"]
+    api_stack.until(task_id, lambda v: v["status"] == "paused")
+    shown = _call(api_stack, name, "GetTask", {"id": task_id})["result"]
+    assert shown["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    created = _call(api_stack, name, "CreateTaskPushNotificationConfig", {"taskId": task_id, "url": receiver.url})
+    assert "result" in created, created
+    assert api_stack.http("POST", f"/tasks/{task_id}/approve", {})[0] == 200
+    wait_for(lambda: len(receiver.taken()) >= 1, timeout=60, what="the input-required notification")
+    assert api_stack.http("POST", f"/tasks/{task_id}/approve", {})[0] == 200
+    api_stack.until(task_id, lambda v: v["status"] == "succeeded")
+    wait_for(lambda: len(receiver.taken()) >= 2, timeout=60, what="the completed notification")
+    update, ended = (body for _, body in receiver.taken())
+    assert update["statusUpdate"]["taskId"] == task_id
+    assert update["statusUpdate"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    assert ended["task"]["id"] == task_id and ended["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+
+
+def test_a_push_config_set_while_a_task_started_outside_a2a_runs_hears_of_its_end(
+    api_stack: ApiStack, receiver: Receiver
+) -> None:
+    """The config is read when the task ends, not from the worker's copy of the task, which was
+    read before the run the config was set in."""
+    name = _agent(api_stack, [{"text": "done", "latency_seconds": 4}])
+    status, made, _ = api_stack.http("POST", "/tasks", {"agent": name, "goal": "take your time"})
+    assert status in (200, 201, 202), made
+    task_id = made["task_id"]
+    api_stack.until(task_id, lambda v: v["status"] == "running")
+    created = _call(api_stack, name, "CreateTaskPushNotificationConfig", {"taskId": task_id, "url": receiver.url})
+    assert "result" in created, created
+    assert api_stack.until(task_id, lambda v: v["status"] == "succeeded")["status"] == "succeeded"
+    wait_for(lambda: len(receiver.taken()) >= 1, timeout=60, what="the completed notification")
+    ((_, ended),) = receiver.taken()
+    assert ended["task"]["id"] == task_id and ended["task"]["status"]["state"] == "TASK_STATE_COMPLETED"

@@ -1,5 +1,6 @@
-"""A2A push notifications: when a task served over A2A waits for someone (``input-required``,
-``auth-required``) or ends, each push config its client set (``storage/a2a_push.py``) gets the
+"""A2A push notifications: when a task an A2A client can reach (one it sent, or any task of an
+agent: ``reachable``) waits for someone (``input-required``, ``auth-required``) or ends, each
+push config its client set (``storage/a2a_push.py``) gets the
 change as A2A's ``StreamResponse`` (a ``statusUpdate``; at ``completed`` the ``task`` with its
 artifacts, ``queueing/a2a_artifacts.py``), queued on the webhooks queue and
 delivered as every callback is (``queueing/webhooks.py``): signed with the tenant's secret, the
@@ -41,10 +42,20 @@ def payload(store: Storage, task: Task, status: TaskStatus, state: str) -> dict[
                              "status": {"state": state, "timestamp": stamp}, "metadata": meta}}  # fmt: skip
 
 
+def reachable(task: Task) -> bool:
+    """Whether an A2A client can have set a push config on ``task``: one the A2A server submitted,
+    or any task of an agent, however it was started (``POST /tasks``, MCP, a schedule): the A2A
+    server lists, shows and takes configs on every task of the agent at ``/a2a/{agent}``. A task
+    without an agent is reachable by no A2A path and is not read for."""
+    return task.submission.metadata.get("via") == VIA or bool(task.submission.agent)
+
+
 def enqueue_push(store: Storage, queues: TaskQueues | None, task: Task, status: TaskStatus) -> int:
-    """Queue the change of ``task`` to ``status`` for each of its push configs; how many. Only
-    a task the A2A server submitted can have one: any other is not read for."""
-    if queues is None or task.submission.metadata.get("via") != VIA:
+    """Queue the change of ``task`` to ``status`` for each of its push configs; how many. The
+    configs are read at the change itself (one Query of their partition, empty for most tasks),
+    not from a flag on the caller's copy of the task: that copy was read before the run, and a
+    config set while the task ran would be missed."""
+    if queues is None or not reachable(task):
         return 0
     configs = store.a2a_push.listed(task.task_id)
     if not configs:

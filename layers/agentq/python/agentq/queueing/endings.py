@@ -92,7 +92,7 @@ def task_ended(
     except Exception:
         log.warning("could not queue the callback of task %s", task.task_id, exc_info=True)
     try:
-        enqueue_push(store, queues, task, status)  # an A2A task's push configs (queueing/a2a_push.py)
+        enqueue_push(store, queues, task, status)  # the push configs of a task of an agent (queueing/a2a_push.py)
     except Exception:
         log.warning("could not queue the push notifications of task %s", task.task_id, exc_info=True)
     if task.submission.online is not None:

@@ -1,5 +1,5 @@
 """A2A push notification configs (``A2APUSH#<task_id>`` / ``<config_id>``): where a client asked
-to be told of an A2A task's changes (``api/a2a_push.py`` writes them, the worker's
+to be told of a task's changes (a task of an agent, however it was started) (``api/a2a_push.py`` writes them, the worker's
 ``queueing/a2a_push.py`` reads them when the task pauses or ends). A partition of their own,
 not the task's: nothing that reads a task's partition meets them. Each expires with the
 deployment's retention (the table's TTL), as a task's items do; a task's end does not delete

@@ -81,7 +81,7 @@ def _stopped(ctx: Context, task: Task, delivery: Delivery) -> Action | None:
 
 
 def _push(ctx: Context, task: Task, status: TaskStatus) -> None:
-    """A task served over A2A waits for someone: its push configs are told (input-required)."""
+    """A task of an agent waits for someone: its push configs are told (input-required)."""
     try:
         enqueue_push(ctx.store, ctx.queues, task, status)
     except Exception:  # as for a callback: a notification that cannot be queued holds nothing up
