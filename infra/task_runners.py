@@ -17,7 +17,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from agentq.control.defaults import Defaults
 from agentq.core.providers.keys import OPENAI_SECRET_VARIABLE, SECRET_VARIABLE
 from agentq.core.providers.openai_provider import BASE_URL_VARIABLE as OPENAI_BASE_URL_VARIABLE
-from agentq.storage.keys import task_pk, tenant_pk
+from agentq.storage.keys import a2a_push_pk, task_pk, tenant_pk
 from agentq.storage.workers import WORKERS_PK
 from infra.access import (
     PAYLOAD_ACTIONS,
@@ -148,6 +148,14 @@ def _data_statements(data: Data, *, receive: bool) -> list[iam.PolicyStatement]:
             actions=TABLE_ACTIONS,
             resources=table_resources(data, indexes=False),
             conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": SLOT_PARTITIONS}},
+        ),
+        # A task's A2A push configs (storage/a2a_push.py), read when it pauses or ends to queue
+        # its notifications (queueing/a2a_push.py): read only; the API writes them.
+        iam.PolicyStatement(
+            sid="A2APushConfigs",
+            actions=["dynamodb:Query"],
+            resources=[data.table.table_arn],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [a2a_push_pk("*")]}},
         ),
         iam.PolicyStatement(sid="Payloads", actions=PAYLOAD_ACTIONS, resources=[payload_objects(data)]),
         iam.PolicyStatement(

@@ -1426,7 +1426,7 @@ def test_task_runners_reach_only_task_and_worker_partitions_and_delete_only_live
             if any(a.startswith("dynamodb:") for a in _as_list(s["Action"]))
         }
         # The worker also keeps its liveness item and reads the owner index (storage/workers.py).
-        runner = {"Table", "RunningSlots", "Vault"}  # Vault: infra.access.vault_statements
+        runner = {"Table", "RunningSlots", "Vault", "A2APushConfigs"}  # Vault: infra.access.vault_statements
         assert set(table) == (runner | {"WorkerLiveness", "OwnerIndex"} if name == "worker" else runner), name
         assert table["Table"]["Condition"] == {
             "ForAllValues:StringLike": {
@@ -1442,6 +1442,11 @@ def test_task_runners_reach_only_task_and_worker_partitions_and_delete_only_live
         }
         assert "dynamodb:DeleteItem" in _as_list(table["RunningSlots"]["Action"])
         assert table["Vault"]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["VAULT#*"]}}
+        # A task's A2A push configs are read when it pauses or ends (queueing/a2a_push.py), never written.
+        assert table["A2APushConfigs"]["Condition"] == {
+            "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["A2APUSH#*"]}
+        }
+        assert _as_list(table["A2APushConfigs"]["Action"]) == ["dynamodb:Query"]
         if name == "worker":
             assert table["WorkerLiveness"]["Condition"] == {
                 "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [WORKERS_PK]}

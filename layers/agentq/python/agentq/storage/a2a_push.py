@@ -11,13 +11,10 @@ import time
 from typing import Any
 
 from agentq.resources import TTL_ATTRIBUTE
+from agentq.storage.keys import a2a_push_pk
 from agentq.storage.table import Table, plain
 
 MAX_CONFIGS = 10  # per task: a client's handful, not a fan-out list
-
-
-def _pk(task_id: str) -> str:
-    return f"A2APUSH#{task_id}"
 
 
 class PushConfigs:
@@ -27,15 +24,15 @@ class PushConfigs:
 
     def put(self, task_id: str, tenant: str, config_id: str, config: dict[str, Any]) -> None:
         """Store (or replace: the same id is the same config) one config, as the protocol's JSON."""
-        self.table.put({"pk": _pk(task_id), "sk": config_id, "tenant": tenant, "config": config,
+        self.table.put({"pk": a2a_push_pk(task_id), "sk": config_id, "tenant": tenant, "config": config,
                         TTL_ATTRIBUTE: int(time.time() + self.retention_seconds)})  # fmt: skip
 
     def get(self, task_id: str, config_id: str) -> dict[str, Any] | None:
-        item = self.table.get({"pk": _pk(task_id), "sk": config_id})
+        item = self.table.get({"pk": a2a_push_pk(task_id), "sk": config_id})
         return dict(plain(item)["config"]) if item is not None else None
 
     def listed(self, task_id: str) -> list[dict[str, Any]]:
-        return [dict(plain(item)["config"]) for item in self.table.query(_pk(task_id))]
+        return [dict(plain(item)["config"]) for item in self.table.query(a2a_push_pk(task_id))]
 
     def delete(self, task_id: str, config_id: str) -> None:
-        self.table.delete({"pk": _pk(task_id), "sk": config_id})
+        self.table.delete({"pk": a2a_push_pk(task_id), "sk": config_id})

@@ -47,6 +47,12 @@ def task_pk(task_id: str) -> str:
     return f"TASK#{task_id}"
 
 
+def a2a_push_pk(task_id: str) -> str:
+    """The partition of a task's A2A push configs (``storage/a2a_push.py``): not the task's own,
+    so nothing that reads or deletes a task's partition meets them."""
+    return f"A2APUSH#{task_id}"
+
+
 def task_id_of(pk: str) -> str:
     return pk.split("#", 1)[1]
 
