@@ -132,8 +132,13 @@ class AgentqRequestHandler(PushConfigMethods):
             raise TaskNotFound(f"task {task_id!r} not found", field="id")
         return task
 
+    def _asked(self, task: Task) -> Any:
+        """What a paused task waits for (its pending approval: a credential's is ``auth-required``,
+        any other ``input-required``), else None: read only for a paused task."""
+        return self.deps.store.approvals.pending(task.task_id) if task.status is TaskStatus.PAUSED else None
+
     def _view(self, task: Task, history_length: int | None = None, *, with_artifacts: bool = True) -> Any:
-        pending = self.deps.store.approvals.pending(task.task_id) if task.status is TaskStatus.PAUSED else None
+        pending = self._asked(task)
         history: list[Any] = []
         if history_length != 0:
             history = [views.user_message(task, task.submission.goal, f"{task.task_id}-goal")]
@@ -180,7 +185,7 @@ class AgentqRequestHandler(PushConfigMethods):
                         continue
                     if since is not None and (task.updated_at or task.created_at) <= since:
                         continue
-                    if wanted_state is not None and views.state_of(task, None) != wanted_state:
+                    if wanted_state is not None and views.state_of(task, self._asked(task)) != wanted_state:
                         continue
                     found.append(task)
                 if last is None or len(found) >= size:
