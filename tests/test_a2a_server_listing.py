@@ -1,10 +1,15 @@
 """``ListTasks`` of agentq's A2A server against the local stack with auth on (the same
 ``api_stack`` as tests/test_a2a_server.py): its ``status`` filter sees a task as ``GetTask``
-shows it (a task waiting for a credential is ``auth-required``, not ``input-required``)."""
+shows it (a task waiting for a credential is ``auth-required``, not ``input-required``); a
+``pageToken`` it did not issue is invalid params naming it, never an internal error."""
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
+
+import pytest
 
 from tests.api_support import ApiStack
 from tests.test_a2a_server import APPROVAL_TURNS, _agent, _rpc, _send
@@ -40,3 +45,30 @@ def test_list_tasks_filtered_by_input_required_finds_the_task_waiting_for_an_app
     assert task["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
     assert _ids(api_stack, name, {"status": "TASK_STATE_INPUT_REQUIRED"}) == [task["id"]]
     assert _ids(api_stack, name, {"status": "TASK_STATE_AUTH_REQUIRED"}) == []
+
+
+def _token(sk: Any) -> str:
+    """A token in the server's own envelope (base64url of ``{"a2a": <index key>}``), around a key
+    it never issued."""
+    return base64.urlsafe_b64encode(json.dumps({"a2a": sk}).encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("sk", ["abc", "", "000000000000001", "000000000000001#", "#abc", "1#abc", 7])
+def test_a_page_token_that_is_not_one_this_server_issued_is_invalid_params_not_an_internal_error(
+    api_stack: ApiStack, sk: Any
+) -> None:
+    """A token that decodes to a key of another shape reached the tenant index's listing, whose
+    split of the key raised: -32603 "list index out of range". It is -32602 naming ``pageToken``."""
+    name = _agent(api_stack, [{"text": "x"}])
+    error = _call(api_stack, name, "ListTasks", {"pageToken": _token(sk)})["error"]
+    assert error["code"] == -32602 and "pageToken" in error["message"], error
+
+
+def test_the_page_token_a_listing_issues_is_taken_back(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, [{"text": "x"}])
+    sent = [
+        _call(api_stack, name, "SendMessage", _send(f"task {i}")["params"])["result"]["task"]["id"] for i in range(2)
+    ]
+    first = _call(api_stack, name, "ListTasks", {"pageSize": 1})["result"]
+    second = _call(api_stack, name, "ListTasks", {"pageSize": 1, "pageToken": first["nextPageToken"]})["result"]
+    assert [t["id"] for t in first["tasks"] + second["tasks"]] == sent[::-1]

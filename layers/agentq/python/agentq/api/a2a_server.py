@@ -57,7 +57,7 @@ from agentq.core.endusers import Caller
 from agentq.core.errors import AgentqError, IllegalTransition, TaskNotFound
 from agentq.core.models import MAX_GOAL_CHARS, Task, TaskStatus
 from agentq.queueing.a2a_artifacts import BASE_KEY
-from agentq.storage.keys import new_task_id
+from agentq.storage.keys import TENANT_INDEX_SK, new_task_id
 
 WAIT_SECONDS = 20.0  # a blocking SendMessage: API Gateway answers within 29 s
 POLL_SECONDS = 0.25
@@ -451,6 +451,6 @@ def _decode_token(token: str) -> str:
         sk = raw["a2a"]
     except (ValueError, KeyError, TypeError):
         raise _invalid("not a token this server issued; pass nextPageToken back unchanged", "pageToken") from None
-    if not isinstance(sk, str) or len(sk) > 256:
+    if not isinstance(sk, str) or not TENANT_INDEX_SK.fullmatch(sk):  # what _encode_token was given
         raise _invalid("not a token this server issued; pass nextPageToken back unchanged", "pageToken")
     return sk

@@ -9,7 +9,6 @@ cursors), ``api.task_view`` (a task's status view and summary), ``api.trace_view
 from __future__ import annotations
 
 import json
-import re
 
 from agentq.api.cursors import InvalidCursor as InvalidCursor
 from agentq.api.cursors import decode_cursor as decode_cursor
@@ -46,9 +45,6 @@ class NotFinished(AgentqError):
     code = "task_not_finished"
 
 
-_GSI1SK = re.compile(r"[0-9]{15}#[A-Za-z0-9_-]{1,128}")
-
-
 METADATA_SCAN_LIMIT = 1000  # tasks one metadata search reads before it answers with a cursor
 _METADATA_SCAN_PAGE = 100
 
@@ -79,7 +75,7 @@ def task_page(
     after = None
     if cursor:
         after = decode_cursor("tasks", cursor)
-        if not isinstance(after, str) or not _GSI1SK.fullmatch(after):
+        if not isinstance(after, str) or not keys.TENANT_INDEX_SK.fullmatch(after):
             raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
     if not metadata:
         tasks, last = store.tasks.list_for_tenant(

@@ -14,6 +14,7 @@ re-exports ``PAYLOAD_PREFIX`` for the stack's IAM policies).
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 
 PAYLOAD_PREFIX = "tasks/"  # every S3 key the storage offloads a payload to: tasks/<task_id>/...
@@ -150,6 +151,11 @@ TENANT_SLOTS_INDEX_PK = "TENANTS"  # gsi1pk of every tenant's running-slot item 
 def tenant_keys_pk(tenant: str) -> str:
     """``gsi1pk`` of a tenant's API keys (its tasks are under ``tenant_pk``)."""
     return f"KEYS#{tenant}"
+
+
+# What ``tenant_index_sk`` makes: a cursor that resumes a listing after it must be one, else the
+# listing would read a key that is not there (or split one that has no task id).
+TENANT_INDEX_SK = re.compile(r"[0-9]{15}#[A-Za-z0-9_-]{1,128}")
 
 
 def tenant_index_sk(created_at: float, task_id: str) -> str:
