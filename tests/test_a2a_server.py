@@ -96,6 +96,16 @@ def test_the_agent_card_is_served_at_the_well_known_path_with_the_apis_bearer_sc
     assert api_stack.http("GET", f"/a2a/{name}/.well-known/agent-card.json", key=None)[0] == 401
 
 
+def test_get_extended_agent_card_of_a_card_that_declares_none_is_unsupported_operation(api_stack: ApiStack) -> None:
+    """A2A 1.0 3.3.4: an agent whose card says ``extendedAgentCard: false`` answers the method
+    with UnsupportedOperationError (-32004); -32007 (not configured) is for one that declares it."""
+    name = _agent(api_stack, [{"text": "x"}])
+    card = api_stack.http("GET", f"/a2a/{name}/.well-known/agent-card.json")[1]
+    assert card["capabilities"]["extendedAgentCard"] is False
+    status, data = _rpc(api_stack, name, {"jsonrpc": "2.0", "id": 1, "method": "GetExtendedAgentCard", "params": {}})
+    assert status == 200 and data["error"]["code"] == -32004, data
+
+
 def test_the_card_says_how_long_to_keep_it_and_when_its_version_was_made(api_stack: ApiStack) -> None:
     name = _agent(api_stack, [{"text": "hi"}])
     status, _, headers = api_stack.http("GET", f"/a2a/{name}/.well-known/agent-card.json")

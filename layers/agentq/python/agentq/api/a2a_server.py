@@ -345,7 +345,10 @@ class AgentqRequestHandler(PushConfigMethods):
         return _off_loop(fn)
 
     async def on_get_extended_agent_card(self, params: Any, context: Any) -> Any:
-        raise _errors().ExtendedAgentCardNotConfiguredError()
+        """The card declares ``extendedAgentCard: false``: A2A 1.0 (3.3.4) answers the method with
+        ``UnsupportedOperationError``; ``ExtendedAgentCardNotConfiguredError`` is for an agent
+        that declares one and has none configured."""
+        raise _errors().UnsupportedOperationError(message="this agent has no extended card (extendedAgentCard: false)")
 
 
 def build_handler(deps: ApiDeps) -> Any:
