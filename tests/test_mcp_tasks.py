@@ -78,6 +78,23 @@ def test_a_declaring_client_gets_the_agentq_task_id_as_its_handle_and_tasks_get_
     assert again.result == ended.result  # read again, the same result
 
 
+def test_a_finished_task_reports_the_ttl_after_which_its_retention_deletes_it(api_stack: ApiStack) -> None:
+    """SEP-2663 ``ttlMs``: "from creation ... null for unlimited", and it may change. A running
+    task is kept: null; an ended one is deleted at META's ``expires_at`` (the table's TTL, the
+    deployment's retention), so ``tasks/get`` says when, not null (unlimited) as it did."""
+    name = _agent(api_stack, [{"text": "done"}])
+
+    async def work(client: Any) -> Any:
+        handle = await _handle(client, name, {"goal": "now"})
+        return handle, await until(client.session, handle.task_id, TERMINAL)
+
+    handle, ended = _session(api_stack.url, api_stack.key, work)
+    assert handle.ttl_ms is None  # running: kept while it runs
+    task = api_stack.stack.store().tasks.get(ended.task_id)
+    assert task.expires_at is not None
+    assert ended.ttl_ms == int((task.expires_at - task.created_at) * 1000) and ended.ttl_ms > 0
+
+
 def test_the_official_clients_call_tool_follows_the_task_to_its_structured_result(api_stack: ApiStack) -> None:
     schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
     turns = [{"tool_calls": [{"name": "final_answer", "input": {"answer": {"answer": "42"}}}]}]

@@ -118,13 +118,23 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
+def _ttl_ms(task: Task) -> int | None:
+    """The extension's ``ttlMs`` ("from creation ... null for unlimited", and it may change): an
+    unfinished task is kept while it runs, null; an ended one is deleted by the table's TTL at
+    META's ``expires_at`` (the deployment's retention, stamped when it ended), so from then on
+    the time from its creation to that moment. A reopened task (a follow-up) is null again."""
+    if task.expires_at is None:
+        return None
+    return max(0, int((task.expires_at - task.created_at) * 1000))
+
+
 def _base(task: Task, status: str, message: str | None) -> dict[str, Any]:
     base: dict[str, Any] = {
         "taskId": task.task_id,
         "status": status,
         "createdAt": _iso(task.created_at),
         "lastUpdatedAt": _iso(task.updated_at or task.created_at),
-        "ttlMs": None,  # agentq keeps a task as long as its table does: no TTL of the extension's
+        "ttlMs": _ttl_ms(task),
         "pollIntervalMs": POLL_INTERVAL_MS,
     }
     if message:
