@@ -216,9 +216,14 @@ def test_tasks_cancel_cancels_the_running_task(api_stack: ApiStack) -> None:
     assert api_stack.until(handle.task_id, lambda v: True)["status"] == "cancelled"
 
 
-def _rpc(api_stack: ApiStack, method: str, params: Any, key: str | None = "default") -> tuple[int, Any]:
+MIRROR = "(params.taskId)"  # _rpc's default Mcp-Name: what a client sends
+
+
+def _rpc(api_stack: ApiStack, method: str, params: Any, key: str | None = "default",
+         mcp_name: str | None = MIRROR) -> tuple[int, Any]:  # fmt: skip
     """A raw JSON-RPC request of the 2026-07-28 wire, declaring the extension, as a client sends it
-    (its transport answers an error with the HTTP status the JSON-RPC code maps to: 400, 404)."""
+    (its transport answers an error with the HTTP status the JSON-RPC code maps to: 400, 404).
+    ``mcp_name``: the ``Mcp-Name`` header, by default the params' ``taskId`` (or ``name``); None: none."""
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
             "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}  # fmt: skip
@@ -227,8 +232,11 @@ def _rpc(api_stack: ApiStack, method: str, params: Any, key: str | None = "defau
     body = {"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
     headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
                "Mcp-Method": method}  # fmt: skip
-    if isinstance(params, dict) and isinstance(params.get("taskId"), str):
-        headers["Mcp-Name"] = params["taskId"]
+    if mcp_name != MIRROR:
+        if mcp_name is not None:
+            headers["Mcp-Name"] = mcp_name
+    elif isinstance(params, dict) and isinstance(named := params.get("taskId", params.get("name")), str):
+        headers["Mcp-Name"] = named
     status, data, _ = api_stack.http("POST", "/mcp", body, key=key, headers=headers)
     return status, data
 
@@ -245,6 +253,31 @@ def test_a_task_of_nobody_or_of_another_tenant_is_not_found_for_every_method(api
             assert "not found" in data["error"]["message"]
     status, view, _ = api_stack.http("GET", f"/tasks/{theirs}", key=api_stack.other_key)
     assert status == 200 and view["status"] != "cancelled"  # the foreign cancel did nothing
+
+
+@pytest.mark.parametrize("method", ["tasks/get", "tasks/update", "tasks/cancel"])
+@pytest.mark.parametrize("mcp_name", ["another-task-id", None])
+def test_a_tasks_request_whose_mcp_name_header_is_missing_or_disagrees_with_its_task_id_is_refused(
+    api_stack: ApiStack, method: str, mcp_name: str | None
+) -> None:
+    """SEP-2663: a client sets ``Mcp-Name`` to ``params.taskId`` on ``tasks/get``, ``tasks/update``
+    and ``tasks/cancel``, so intermediaries route by it; the 2026-07-28 transport refuses a request
+    whose routing headers are missing or disagree with its body (-32020, HTTP 400), as the ``mcp``
+    SDK does for ``tools/call`` (compared here). Nothing is read or done for the task."""
+    name = _agent(api_stack, [{"text": "never", "latency_seconds": 30.0}])
+    status, created = _rpc(api_stack, "tools/call", {"name": name, "arguments": {"goal": "x"}})
+    assert status == 200 and created["result"]["resultType"] == "task", created
+    task_id = created["result"]["taskId"]
+    status, sdk = _rpc(api_stack, "tools/call", {"name": name, "arguments": {"goal": "x"}}, mcp_name="other-tool")
+    assert status == 400 and sdk["error"]["code"] == -32020, sdk  # the SDK's own check
+    params: dict[str, Any] = {"taskId": task_id}
+    if method == "tasks/update":
+        params["inputResponses"] = {}
+    status, refused = _rpc(api_stack, method, params, mcp_name=mcp_name)
+    assert status == 400 and refused["error"]["code"] == -32020, (status, refused)
+    assert refused["error"]["message"] == "mcp-name header does not match the request body's 'taskId' parameter"
+    status, read = _rpc(api_stack, "tasks/get", {"taskId": task_id})  # with the header: answered
+    assert status == 200 and read["result"]["status"] == "working", read  # the cancel did nothing
 
 
 @pytest.mark.parametrize(

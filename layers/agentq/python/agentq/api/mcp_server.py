@@ -241,11 +241,13 @@ def add_task_methods(server: Any, deps: McpDeps) -> None:
         return mcp_tasks.detailed(task, pending, result, user=caller.user)
 
     async def get_task(ctx: Any, params: Any) -> Any:
+        mcp_tasks.require_name(getattr(ctx.request, "headers", None), ctx.protocol_version, params.task_id)
         mcp_tasks.require_tasks(ctx.meta, ctx.protocol_version)
         caller = caller_var.get()
         return await anyio.to_thread.run_sync(lambda: read(caller, params.task_id))
 
     async def update_task(ctx: Any, params: Any) -> Any:
+        mcp_tasks.require_name(getattr(ctx.request, "headers", None), ctx.protocol_version, params.task_id)
         mcp_tasks.require_tasks(ctx.meta, ctx.protocol_version)
         caller = caller_var.get()
         await anyio.to_thread.run_sync(
@@ -254,6 +256,7 @@ def add_task_methods(server: Any, deps: McpDeps) -> None:
         return {}
 
     async def cancel_task(ctx: Any, params: Any) -> Any:
+        mcp_tasks.require_name(getattr(ctx.request, "headers", None), ctx.protocol_version, params.task_id)
         mcp_tasks.require_tasks(ctx.meta, ctx.protocol_version)
         caller = caller_var.get()
         await anyio.to_thread.run_sync(lambda: mcp_tasks.cancel(deps, owned(caller, params.task_id)))

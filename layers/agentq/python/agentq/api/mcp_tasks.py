@@ -32,7 +32,9 @@ A client that does not declare the extension on the request (every client of the
 handshake: the extension is not defined there) gets the blocking answer from ``tools/call`` and
 ``-32021`` from the ``tasks/*`` methods. ``tasks/result`` and ``tasks/list`` are not served
 (SEP-2663 removed them: ``-32601``). A task nobody has, or another tenant's (another end user's,
-for a token's caller), is ``-32602`` "task not found", as the spec says. Task status
+for a token's caller), is ``-32602`` "task not found", as the spec says. A ``tasks/*`` request
+whose ``Mcp-Name`` header is missing or not its ``taskId`` is ``-32020`` (HTTP 400:
+``require_name``), as the transport answers any request whose routing headers disagree with it. Task status
 notifications are not sent: the server is stateless (JSON answers, no stream to send them on).
 """
 
@@ -80,6 +82,29 @@ def require_tasks(meta: Any, protocol_version: str | None) -> None:
             code=MISSING_CAPABILITY,
             message="Missing required client capability",
             data={"requiredCapabilities": {"extensions": {EXTENSION: {}}}},
+        )
+
+
+def require_name(headers: Any, protocol_version: str | None, task_id: str) -> None:
+    """``-32020`` (HTTP 400) for a ``tasks/*`` request of the 2026-07-28 wire whose ``Mcp-Name``
+    header is missing or is not its ``params.taskId``: SEP-2663 has the client set it so that
+    intermediaries route by it, and the transport refuses a request whose routing headers
+    disagree with its body. The ``mcp`` SDK checks it for ``tools/call``, ``prompts/get`` and
+    ``resources/read`` only (``NAME_BEARING_METHODS``); this is the same check (its header
+    decoding, code and message) for the extension's methods. Earlier wires have no such
+    header (their clients get ``-32021``: ``require_tasks``). ``headers``: the HTTP request's
+    (the handler context's ``request``), None off HTTP."""
+    from mcp.shared.exceptions import MCPError
+    from mcp.shared.inbound import MCP_NAME_HEADER, decode_header_value
+    from mcp_types.jsonrpc import HEADER_MISMATCH
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    if headers is None or protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return
+    if decode_header_value(headers.get(MCP_NAME_HEADER)) != task_id:
+        raise MCPError(
+            code=HEADER_MISMATCH,
+            message=f"{MCP_NAME_HEADER} header does not match the request body's 'taskId' parameter",
         )
 
 
