@@ -1,12 +1,14 @@
 """``ListTasks`` of agentq's A2A server against the local stack with auth on (the same
 ``api_stack`` as tests/test_a2a_server.py): its ``status`` filter sees a task as ``GetTask``
 shows it (a task waiting for a credential is ``auth-required``, not ``input-required``); a
-``pageToken`` it did not issue is invalid params naming it, never an internal error."""
+``pageToken`` it did not issue is invalid params naming it, never an internal error; where it
+departs from the protocol (``totalSize``), it does what docs/PROTOCOLS.md says."""
 
 from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,3 +74,18 @@ def test_the_page_token_a_listing_issues_is_taken_back(api_stack: ApiStack) -> N
     first = _call(api_stack, name, "ListTasks", {"pageSize": 1})["result"]
     second = _call(api_stack, name, "ListTasks", {"pageSize": 1, "pageToken": first["nextPageToken"]})["result"]
     assert [t["id"] for t in first["tasks"] + second["tasks"]] == sent[::-1]
+
+
+def test_list_tasks_total_size_is_the_pages_count_as_protocols_md_says(api_stack: ApiStack) -> None:
+    """A documented departure (docs/PROTOCOLS.md, "ListTasks: where it departs from the
+    protocol"): ``totalSize`` counts the page, the total only when one page holds every match;
+    counting the rest would read every task of the tenant."""
+    name = _agent(api_stack, [{"text": "x"}])
+    for i in range(3):
+        _call(api_stack, name, "SendMessage", _send(f"task {i}")["params"])
+    page = _call(api_stack, name, "ListTasks", {"pageSize": 1})["result"]
+    assert len(page["tasks"]) == 1 and page["nextPageToken"] and page["totalSize"] == 1
+    whole = _call(api_stack, name, "ListTasks", {})["result"]
+    assert len(whole["tasks"]) == 3 and not whole.get("nextPageToken") and whole["totalSize"] == 3
+    protocols = (Path(__file__).resolve().parent.parent / "docs" / "PROTOCOLS.md").read_text(encoding="utf-8")
+    assert "**`totalSize` is the number of tasks in this page**" in protocols

@@ -199,6 +199,8 @@ class AgentqRequestHandler(PushConfigMethods):
                 edge = found[-1] if found else None
                 token = _encode_token(keys.tenant_index_sk(edge.created_at, edge.task_id) if edge else str(last))
             tasks_out = [self._view(t, length, with_artifacts=params.include_artifacts) for t in found]
+            # total_size is this page's count, not the protocol's count before pagination: a count
+            # reads every task of the tenant (its index has no agent); docs/PROTOCOLS.md.
             return ListTasksResponse(tasks=tasks_out, next_page_token=token, page_size=size, total_size=len(found))
 
         return await _off_loop(page)
