@@ -2,7 +2,7 @@
 ``api_stack`` as tests/test_a2a_server.py): its ``status`` filter sees a task as ``GetTask``
 shows it (a task waiting for a credential is ``auth-required``, not ``input-required``); a
 ``pageToken`` it did not issue is invalid params naming it, never an internal error; where it
-departs from the protocol (``totalSize``), it does what docs/PROTOCOLS.md says."""
+departs from the protocol (the order, ``totalSize``), it does what docs/PROTOCOLS.md says."""
 
 from __future__ import annotations
 
@@ -89,3 +89,18 @@ def test_list_tasks_total_size_is_the_pages_count_as_protocols_md_says(api_stack
     assert len(whole["tasks"]) == 3 and not whole.get("nextPageToken") and whole["totalSize"] == 3
     protocols = (Path(__file__).resolve().parent.parent / "docs" / "PROTOCOLS.md").read_text(encoding="utf-8")
     assert "**`totalSize` is the number of tasks in this page**" in protocols
+
+
+def test_list_tasks_is_ordered_by_creation_not_last_update_as_protocols_md_says(api_stack: ApiStack) -> None:
+    """A documented departure (docs/PROTOCOLS.md): the older task, changed last (its approval
+    answered), is still listed after the newer one; its status timestamp is its last update."""
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+    older = _call(api_stack, name, "SendMessage", _send("first")["params"])["result"]["task"]["id"]
+    newer = _call(api_stack, name, "SendMessage", _send("second")["params"])["result"]["task"]["id"]
+    done = _call(api_stack, name, "SendMessage", _send("approve", taskId=older)["params"])["result"]["task"]
+    assert done["status"]["state"] == "TASK_STATE_COMPLETED"
+    listed = _call(api_stack, name, "ListTasks", {})["result"]["tasks"]
+    assert [t["id"] for t in listed] == [newer, older]
+    assert listed[1]["status"]["timestamp"] > listed[0]["status"]["timestamp"]  # changed last, listed second
+    protocols = (Path(__file__).resolve().parent.parent / "docs" / "PROTOCOLS.md").read_text(encoding="utf-8")
+    assert "**Tasks are listed newest created first**" in protocols
