@@ -5,6 +5,7 @@ The engine's side runs on the in-memory twin; tests/test_conversations_race.py r
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from decimal import Decimal
@@ -15,6 +16,7 @@ import pytest
 
 from agentq.control.conversations import close, interrupt, send_message
 from agentq.core.engine import Engine, EngineConfig
+from agentq.core.engine.conversation import conversation
 from agentq.core.errors import IdempotencyConflict, IllegalTransition, MessageRefused, ValidationError
 from agentq.core.models import LLMStep, MessageStep, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
@@ -130,6 +132,100 @@ def test_a_message_that_arrives_while_the_last_answer_is_in_flight_is_heard_not_
     assert kinds(store, task.task_id) == ["llm", "message", "llm"]
     assert texts_sent(provider.requests[1])[-1] == "wait, one more"
     assert store.tasks.get(task.task_id).result == "answer to the message"
+
+
+class NoAnswerFirst(Recording):
+    """``Recording`` whose first turn comes back with ``stop_reason``: a turn that is no answer
+    (refused, cut off, malformed), as a provider's stop reason is translated to."""
+
+    def __init__(self, submission: TaskSubmission, stop_reason: str, during: Callable[[], object]) -> None:
+        super().__init__(submission, during={1: during})
+        self.stop_reason = stop_reason
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        answer = super().complete(request)
+        if len(self.requests) == 1:
+            return answer.model_copy(update={"stop_reason": self.stop_reason})
+        return answer
+
+
+NO_ANSWERS = ["refusal", "model_context_window_exceeded", "malformed_output", "max_tokens"]
+
+
+@pytest.mark.parametrize("stop_reason", NO_ANSWERS)
+def test_a_message_that_arrives_while_a_turn_that_is_no_answer_is_in_flight_is_delivered_and_answered(
+    stop_reason: str, store: Storage, registry: ToolRegistry
+) -> None:
+    """ARCHITECTURE 11: no turn ends over a waiting message. A refused, cut off or malformed turn
+    ends its task ``failed`` (``_llm_answer.turn_end``); with a message accepted (202) while it
+    was made, that ending was committed without heeding it, and the message was never read."""
+    sub = scripted([{"text": "I can't help with that."}, {"text": "Sure, here it is."}])
+    task = store.tasks.create(sub, tenant="t")
+    during = lambda: send_message(store, Queues(), task.task_id, "try this instead", tenant="t")  # noqa: E731
+    provider = NoAnswerFirst(sub, stop_reason, during)
+
+    result = engine(store, registry, provider).run(task.task_id)
+
+    after = store.tasks.get(task.task_id)
+    assert result.status is TaskStatus.SUCCEEDED, (after.status, after.error)
+    assert (after.messages_received, after.messages_delivered) == (1, 1)
+    assert kinds(store, task.task_id) == ["llm", "message", "llm"]
+    asked_again = provider.requests[1].messages
+    assert asked_again[1] == {"role": "assistant", "content": [{"type": "text", "text": "I can't help with that."}]}
+    assert texts_sent(provider.requests[1])[-1] == "try this instead"
+    assert after.result == "Sure, here it is."
+
+
+@pytest.mark.parametrize("stop_reason", NO_ANSWERS)
+def test_the_tool_calls_of_a_turn_that_is_no_answer_are_never_carried_out_when_a_message_follows_it(
+    stop_reason: str, store: Storage, registry: ToolRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The message goes on from the turn, not from its calls: none runs, none is sent back to the
+    model as a call without its result (which every provider refuses), and a turn left with no
+    text says what it was (an empty turn is refused too)."""
+    ledger = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
+    turns = [{"text": "", "tool_calls": [call("charge_card", amount_cents=500, memo="m")]}, {"text": "done"}]
+    sub = scripted(turns, tools=["charge_card"])
+    task = store.tasks.create(sub, tenant="t")
+    during = lambda: send_message(store, Queues(), task.task_id, "and also this", tenant="t")  # noqa: E731
+    provider = NoAnswerFirst(sub, stop_reason, during)
+
+    result = engine(store, registry, provider).run(task.task_id)
+
+    assert result.status is TaskStatus.SUCCEEDED, result
+    assert not ledger.exists()
+    assert kinds(store, task.task_id) == ["llm", "message", "llm"]  # no tools step
+    first = store.steps.load(task.task_id)[0].body
+    assert isinstance(first, LLMStep) and first.content[-1]["type"] == "tool_use"  # kept as the provider said it
+    turn = provider.requests[1].messages[1]
+    assert turn["role"] == "assistant" and [b["type"] for b in turn["content"]] == ["text"], turn
+    assert turn["content"][0]["text"].startswith("(no answer: ")
+    # What a worker that resumed the task would send: the conversation rebuilt from its steps.
+    assert provider.requests[1].messages == conversation(sub.goal, store.steps.load(task.task_id)[:2])
+
+
+def test_a_message_with_a_raise_that_arrives_during_a_turn_the_budget_cut_short_goes_on_with_it(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    """A turn cut at an output limit lowered to what was left of the budget ends the task
+    ``cost_exceeded``, unless a message came in meanwhile: the message is delivered, and with the
+    raise it carried (written with it) the model answers it. One without a raise is delivered too,
+    then the task ends ``cost_exceeded`` at the next call, the message in its conversation."""
+    for add_tokens, status, turns in ((5000, TaskStatus.SUCCEEDED, 2), (0, TaskStatus.COST_EXCEEDED, 1)):
+        sub = scripted([{"text": "word " * 2000}, {"text": "shorter"}], max_tokens=900, max_output_tokens=1000)
+        task = store.tasks.create(sub, tenant="t")
+        said = functools.partial(send_message, store, Queues(), task.task_id, "shorter please", add_tokens=add_tokens)
+        provider = Recording(sub, during={1: said})
+
+        result = engine(store, registry, provider).run(task.task_id)
+
+        after = store.tasks.get(task.task_id)
+        assert result.status is status, (after.status, after.error)
+        assert (after.messages_received, after.messages_delivered) == (1, 1)
+        assert store.steps.load(task.task_id)[0].body.stop_reason == "max_tokens"  # type: ignore[union-attr]
+        assert kinds(store, task.task_id)[:2] == ["llm", "message"] and len(provider.requests) == turns
+    assert after.error is not None and "token budget" in after.error["message"]  # the next call's, not the turn's
 
 
 def test_messages_to_a_running_task_wait_for_its_tools_and_arrive_in_order_in_one_turn(

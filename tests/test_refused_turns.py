@@ -6,7 +6,9 @@ out (``model_context_window_exceeded``). Each was read as the final answer: the 
 took it for one. Now it ends ``failed`` with a code that says which (``model_refused``,
 ``context_window_exceeded``) and the provider's own word for why it stopped. The same ending
 holds wherever a turn ends a task: a turn answered through a batch (economy), a task with an
-outcome (a refusal is never graded) and a fork at such a turn.
+outcome (a refusal is never graded) and a fork at such a turn. A message accepted while such a
+turn was made is not left unread in the failed task: the model is asked again with it, the turn
+before it without its tool calls, which are never made.
 
 Through the real SDKs against the local Messages, Chat Completions and Converse servers, on
 the in-memory twin with the real engine."""
@@ -28,7 +30,7 @@ from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 
-from tests.fake_messages_api import FakeMessagesAPI, point_anthropic_at, text_reply
+from tests.fake_messages_api import FakeMessagesAPI, message_reply, point_anthropic_at, text_reply
 from tests.fake_model_servers import FakeChatCompletions, FakeConverse, chat_completion, converse_reply, point_boto3_at
 
 STORAGE = "memory"
@@ -52,12 +54,12 @@ def model_server(provider: str, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) 
             point_anthropic_at(server, monkeypatch.setenv)
             yield server
     elif provider == "openai":
-        with FakeChatCompletions() as server:
+        with FakeChatCompletions(**kwargs) as server:
             monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
             monkeypatch.setenv("OPENAI_API_KEY", "k")
             yield server
     else:
-        with FakeConverse() as server:
+        with FakeConverse(**kwargs) as server:
             point_boto3_at(server, monkeypatch.setenv)
             yield server
 
@@ -134,6 +136,58 @@ def test_a_refusal_of_a_task_with_an_outcome_fails_it_without_grading_the_refusa
     assert result.status is TaskStatus.FAILED, result
     ended = store.tasks.get(task.task_id)
     assert (ended.error or {}).get("code") == "model_refused" and ended.grade is None
+
+
+CHARGE = {"amount_cents": 500, "memo": "m"}
+STOPPED_WITH_A_CALL: list[tuple[str, str, Callable[[], Any], Callable[[], Any]]] = [
+    ("anthropic", CLAUDE, lambda: message_reply([{"type": "text", "text": "I can't do that."}, {"type": "tool_use",
+     "id": "toolu_1", "name": "charge_card", "input": CHARGE}], stop_reason="refusal"), lambda: text_reply("Done.")),
+    ("openai", GPT, lambda: chat_completion("I can't do that.", [("charge_card", CHARGE)], finish_reason="content_filter"),
+     lambda: chat_completion("Done.")),
+    ("bedrock-converse", NOVA, lambda: converse_reply(None, [("charge_card", CHARGE)], stop_reason="malformed_tool_use"),
+     lambda: converse_reply("Done.")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("provider", "model", "first", "then"), STOPPED_WITH_A_CALL,
+                         ids=["anthropic-refusal", "openai-content_filter", "converse-malformed_tool_use"])  # fmt: skip
+def test_a_message_sent_while_a_turn_with_a_tool_call_was_refused_is_answered_in_a_conversation_each_provider_takes(
+    provider: str,
+    model: str,
+    first: Callable[[], Any],
+    then: Callable[[], Any],
+    store: Storage,
+    registry: ToolRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+) -> None:
+    """The message is delivered (ARCHITECTURE 11) and the model asked again with it, the refused
+    turn before it: without its tool call, which is never made (a call every provider wants
+    followed by its result), and, left with no text, saying what it was (none takes an empty turn)."""
+    ledger = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
+    sent: list[Any] = []
+    submission = TaskSubmission(goal="hi", provider=provider, model=model, constraints={"tools": ["charge_card"]})  # type: ignore[arg-type]
+    task = store.tasks.create(submission, tenant="t")
+
+    def respond(recorded: Any) -> Any:
+        sent.append(recorded.body)
+        if len(sent) == 1:
+            store.messages.accept(task.task_id, "try it another way")  # a person, while the model answers
+            return first()
+        return then()
+
+    with model_server(provider, monkeypatch, responder=respond):
+        result = run(store, registry, task.task_id)
+    after = store.tasks.get(task.task_id)
+    assert result.status is TaskStatus.SUCCEEDED, (after.status, after.error)
+    assert (after.messages_delivered, after.result, ledger.exists()) == (1, "Done.", False)
+    asked_again = sent[1]["messages"]
+    said = json.dumps(asked_again)
+    assert not any(word in said for word in ("tool_use", "tool_calls", "toolUse", "tool_result", "toolResult")), said
+    assert [m["role"] for m in asked_again] == ["user", "assistant", "user"]
+    assert asked_again[1]["content"], asked_again[1]  # never an empty turn
+    assert "try it another way" in json.dumps(asked_again[2])
 
 
 class _Queues:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agentq.core.errors import BudgetExceeded, LeaseLost
+from agentq.core.errors import BudgetExceeded, ConversationMoved, LeaseLost
 from agentq.core.models import TaskStatus
 from agentq.core.records import NO_USAGE, Reservation
 from agentq.storage import keys
@@ -62,6 +62,26 @@ def test_a_finishing_commit_ends_the_task_with_its_result(backend: Storage) -> N
     assert task.status is TaskStatus.SUCCEEDED and task.result == "done" and task.lease_expires == 0 and task.expires_at
     with pytest.raises(LeaseLost, match="succeeded"):
         backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id)
+
+
+@pytest.mark.parametrize(
+    ("stop_reason", "finish"),
+    [("end_turn", TaskStatus.SUCCEEDED), ("refusal", TaskStatus.FAILED), ("max_tokens", TaskStatus.COST_EXCEEDED)],
+)
+def test_a_commit_of_the_models_turn_that_would_end_the_task_is_refused_while_a_message_waits_however_it_ends(
+    backend: Storage, stop_reason: str, finish: TaskStatus
+) -> None:
+    """ARCHITECTURE 11: the engine hears the message first (``ConversationMoved``) and goes on with
+    it. A tools step's failing end does not heed it: that ending stands."""
+    lease = claimed(backend)
+    backend.messages.accept(lease.task_id, "one more thing")
+    turn = llm_step().model_copy(update={"stop_reason": stop_reason})
+    with pytest.raises(ConversationMoved) as moved:
+        backend.steps.commit(lease, 1, turn, root_id=lease.task_id, finish=finish, error={"code": "x"}, delivered=0)
+    assert moved.value.received == 1 and backend.tasks.get(lease.task_id).status is TaskStatus.RUNNING
+    backend.steps.commit(lease, 1, turn, root_id=lease.task_id, delivered=0)  # the turn, ending nothing
+    backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id, finish=TaskStatus.FAILED, delivered=0)
+    assert backend.tasks.get(lease.task_id).status is TaskStatus.FAILED
 
 
 def test_steps_read_back_by_range_and_last_with_large_bodies_offloaded(backend: Storage) -> None:

@@ -90,6 +90,16 @@ class _Heeds:
     interrupt: bool
 
 
+def _heeds_messages(body: Any, finish: TaskStatus | None) -> bool:
+    """Whether a commit that ends the task is refused while a message waits: one that ends it
+    ``succeeded`` (an answer, its grade), and one of the model's turn that ends it however (a
+    refusal, a cut-off, a malformed turn, a budget that ran out during it: ``_llm_answer.turn_end``).
+    The engine goes on from either with the message: the turn an ordinary turn, none of a turn's
+    tool calls that was no answer carried out. A tools step or a grade that ends the task
+    otherwise (a fault, a stop, a grade below the bar for good) is not: its ending stands."""
+    return finish is TaskStatus.SUCCEEDED or (finish is not None and body.kind == "llm")
+
+
 class Steps:
     def __init__(self, table: Table, payloads: Payloads, tasks: Tasks) -> None:
         self.table = table
@@ -166,9 +176,10 @@ class Steps:
 
         ``delivered``: how many of the task's messages the conversation holds after this step
         (``storage.messages``). A ``MessageStep`` moves META's count there; a commit that ends
-        the task is refused while more were accepted, and an LLM step while an interrupt is
-        asked for (``ConversationMoved``): the engine hears them first. The commit returns
-        META's counters as its write left them.
+        the task with an answer, or with the model's turn however it ended (``_heeds_messages``),
+        is refused while more were accepted, and an LLM step while an interrupt is asked for
+        (``ConversationMoved``): the engine hears them first. The commit returns META's
+        counters as its write left them.
 
         ``settle`` settles this step's LLM reservation with the reported usage; ``reserve_next``
         reserves tokens for the next LLM call in the same write (saving a round trip per turn),
@@ -236,7 +247,7 @@ class Steps:
             sets["messages_delivered"] = body.messages[-1].seq
             removes.append("interrupt_at")  # the person spoke: the agent goes on with what they said
         heeds = _Heeds(
-            delivered=delivered if finish is TaskStatus.SUCCEEDED else None,
+            delivered=delivered if _heeds_messages(body, finish) else None,
             interrupt=delivered is not None and body.kind == "llm",
         )
         if heeds.delivered is not None:

@@ -33,7 +33,6 @@ from typing import Any, ClassVar
 from agentq import observe
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._grade_budget import GradeBudget, GradingCall, usage_of
-from agentq.core.engine._llm_answer import no_answer
 from agentq.core.engine._llm_call import call_cost
 from agentq.core.engine._online import count, grading_outcome, observes_only, skipped
 from agentq.core.engine._operation import RecordedOperation
@@ -79,7 +78,7 @@ GRADE = "grade"  # the effect record's tool name; its id is ``grade-<step>``
 def answered(sub: TaskSubmission, step: LLMStep) -> tuple[bool, Any]:
     """Whether this turn is the task's answer (as it would end the task without an outcome),
     and the parsed answer with an output schema."""
-    if no_answer(step):  # cut off or refused: as the turn's commit ends the task (``_llm_answer.turn_end``)
+    if step.no_answer():  # cut off or refused: as the turn's commit ends the task (``_llm_answer.turn_end``)
         return False, None
     if sub.output_schema is not None:
         return answer_of(sub.output_schema, step.content)

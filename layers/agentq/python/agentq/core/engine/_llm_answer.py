@@ -16,11 +16,12 @@ from agentq.core.engine._holds import forgetting
 from agentq.core.engine._llm_call import Call, call_cost, settling
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
-from agentq.core.engine.conversation import final_text
+from agentq.core.engine.conversation import assistant_turn, final_text
 from agentq.core.engine.result import RunResult
 from agentq.core.errors import ConversationMoved, LeaseLost
 from agentq.core.faults import crash_point
 from agentq.core.models import CallStep, CompactStep, LLMStep, TaskStatus, TaskSubmission
+from agentq.core.models.steps import MALFORMED, REFUSED
 from agentq.core.output import answer_of, feedback
 from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases, TenantWindowsPort
 from agentq.core.pricing import PriceTable
@@ -70,6 +71,12 @@ class Answers:
                     raise
                 s.inbox = dataclasses.replace(s.inbox, received=moved.received)
                 # A message came in while the model answered: the answer is a turn, not the end.
+                # So is a turn that was no answer (refused, cut off, malformed): the model is asked
+                # again with the message, and none of its tool calls is carried out
+                # (``LLMStep.tool_uses``; the conversation holds it without them).
+                if error is not None:
+                    log.info("task %s: turn %d ended no task (%s): a message came in", s.task_id, s.next_step,
+                             error["code"])  # fmt: skip
                 finish, result, error = None, None, None
                 record = self.writer.commit(s, step, settle=settle)
         except ConversationMoved as moved:
@@ -193,12 +200,14 @@ def turn_outcome(
     max_out: int,
     finish_reason: str | None = None,
 ) -> tuple[list[dict[str, Any]], TaskStatus | None, str | None, dict[str, Any] | None]:
-    """The conversation after an agent turn (``messages`` and the turn), and whether (and how)
-    the turn ends the task (``finish_reason``: the provider's own word for why it stopped)."""
-    messages = [*messages, {"role": "assistant", "content": step.content}]
+    """The conversation after an agent turn (``messages`` and the turn, as the conversation holds
+    it: ``conversation.assistant_turn``), and whether (and how) the turn ends the task
+    (``finish_reason``: the provider's own word for why it stopped). The result is the turn's
+    own text, as the provider returned it."""
     finish, error = turn_end(step, max_out, shrunk=max_out < sub.constraints.max_output_tokens,
                              finish_reason=finish_reason)  # fmt: skip
-    result = final_text(messages) if finish else None
+    result = final_text([*messages, {"role": "assistant", "content": step.content}]) if finish else None
+    messages = [*messages, assistant_turn(step)]
     schema = sub.output_schema
     if schema is not None and error is None:
         answered, answer = answer_of(schema, step.content)
@@ -210,22 +219,6 @@ def turn_outcome(
     if finish is TaskStatus.SUCCEEDED and (sub.outcome is not None or sub.online is not None):
         finish, result = None, None  # an answer with an outcome (or sampled) ends the task once graded (_grade)
     return messages, finish, result, error
-
-
-# The stop reasons, in the Messages API's terms every provider's are translated to, of a turn
-# that is no answer: cut off (at the output limit, or where the model's context window ran out)
-# or refused (the model declined; OpenAI's content filter, a Bedrock guardrail stopped it), or
-# made malformed (Bedrock's malformed_model_output and malformed_tool_use: a tool call that cannot
-# be carried out, text that is not the answer).
-CUT_OFF = frozenset({"max_tokens", "model_context_window_exceeded"})
-REFUSED = "refusal"
-MALFORMED = "malformed_output"
-
-
-def no_answer(step: LLMStep) -> bool:
-    """The turn is no answer, whatever it says: it must not end the task ``succeeded``, nor be
-    graded, nor be read by an output schema."""
-    return step.stop_reason in CUT_OFF or step.stop_reason in (REFUSED, MALFORMED)
 
 
 def stopped_early(step: LLMStep, finish_reason: str | None = None) -> dict[str, Any] | None:

@@ -38,8 +38,10 @@ def conversation(
             if summary:  # a compaction that wrote nothing leaves the conversation as it was
                 messages = [{"role": "user", "content": resumed_goal(goal, summary)}]
         elif isinstance(body, LLMStep):
-            messages.append({"role": "assistant", "content": body.content})
-            if output_schema is not None and not body.tool_uses() and not answer_of(output_schema, body.content)[0]:
+            messages.append(assistant_turn(body))
+            if output_schema is None or body.tool_uses() or body.no_answer():
+                continue
+            if not answer_of(output_schema, body.content)[0]:
                 messages.append({"role": "user", "content": feedback(output_schema, body.content)})
         elif isinstance(body, MessageStep):
             _say(messages, [{"type": "text", "text": m.text} for m in body.messages])
@@ -62,6 +64,31 @@ def conversation(
                 }
             )
     return messages
+
+
+def assistant_turn(step: LLMStep) -> dict[str, Any]:
+    """The assistant turn ``step`` makes in the conversation: its content as the provider returned
+    it. A turn that is no answer (``LLMStep.no_answer``: refused, cut off, malformed) ends its
+    task, unless a message came in while it was made: then it stays in the conversation, before
+    that message (``_llm_answer``), without its tool calls, which are never carried out (every
+    provider wants a call followed by its result, and none comes), and without its empty text
+    blocks; left with no text, it says what it was (every provider refuses an empty turn, and
+    left out, the conversation would hold one turn fewer than the task's LLM steps)."""
+    if not step.no_answer():
+        return {"role": "assistant", "content": step.content}
+    kept = [b for b in step.content if b.get("type") != "tool_use" and (b.get("type") != "text" or b.get("text"))]
+    if not any(b.get("type") == "text" for b in kept):
+        kept.append({"type": "text", "text": NO_ANSWER_SAID.get(step.stop_reason or "", "(no answer)")})
+    return {"role": "assistant", "content": kept}
+
+
+# What a turn that was no answer, and said nothing, says in the conversation (``assistant_turn``).
+NO_ANSWER_SAID = {
+    "refusal": "(no answer: this turn was stopped as a refusal)",
+    "max_tokens": "(no answer: this turn was cut off at the output limit)",
+    "model_context_window_exceeded": "(no answer: this turn was cut off where the context window ran out)",
+    "malformed_output": "(no answer: this turn was malformed)",
+}
 
 
 def said(messages: list[dict[str, Any]], body: MessageStep) -> list[dict[str, Any]]:

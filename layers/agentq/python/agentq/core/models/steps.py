@@ -67,13 +67,36 @@ class CallStep(StrictModel):
         return "\n".join(b["text"] for b in self.content if b.get("type") == "text" and b.get("text"))
 
 
+# The stop reasons, in the Messages API's terms every provider's are translated to, of a turn
+# that is no answer: cut off (at the output limit, or where the model's context window ran out)
+# or refused (the model declined; OpenAI's content filter, a Bedrock guardrail stopped it), or
+# made malformed (Bedrock's malformed_model_output and malformed_tool_use: a tool call that cannot
+# be carried out, text that is not the answer).
+CUT_OFF = frozenset({"max_tokens", "model_context_window_exceeded"})
+REFUSED = "refusal"
+MALFORMED = "malformed_output"
+
+
 class LLMStep(CallStep):
     """An assistant turn as the provider returned it, plus what it cost."""
 
     kind: Literal["llm"] = "llm"
     cleared_before: int = Field(default=0, description="tool results cleared from this call's request (core.context)")
 
+    def no_answer(self) -> bool:
+        """The turn is no answer, whatever it says: it must not end the task ``succeeded``, nor be
+        graded, nor be read by an output schema, nor have its tool calls carried out."""
+        return self.stop_reason in CUT_OFF or self.stop_reason in (REFUSED, MALFORMED)
+
     def tool_uses(self) -> list[dict[str, Any]]:
+        """The tool calls the turn asks to be carried out: none of a turn that is no answer
+        (``no_answer``; its blocks stay in ``content``, as the provider returned them). Such a
+        turn ends its task, unless a message came in while it was made: then it stays in the
+        conversation and the message follows it (``core.engine._llm_answer``), and this is what
+        keeps every reader (the loop, the message boundary, a fork, the views) from taking its
+        calls for ones to make."""
+        if self.no_answer():
+            return []
         return [b for b in self.content if b.get("type") == "tool_use"]
 
 
