@@ -20,9 +20,11 @@ from agentq.control.agents import create_agent
 from agentq.control.aliases import move_task
 from agentq.control.conversations import send_message
 from agentq.control.defaults import Defaults
+from agentq.control.operations import planned_raise
 from agentq.control.submit import submit_once
 from agentq.core.agents import AgentSpec
 from agentq.core.engine import Engine, EngineConfig
+from agentq.core.errors import IllegalTransition
 from agentq.core.memory import MemoryStoreSpec
 from agentq.core.models import GradeStep, TaskStatus, TaskSubmission
 from agentq.core.tools import ToolRegistry
@@ -156,7 +158,7 @@ def test_a_task_resolved_before_the_record_was_kept_is_told_apart_by_the_version
                                           "constraints": {"timeout_seconds": 600, "max_tokens": 90_000}})  # fmt: skip
     task = store.tasks.get(task_id)
     old = task.submission.model_copy(update={"own_fields": None})
-    store.tasks.replace_submission(task_id, old, when_status=task.status)
+    store.tasks.replace_submission(task_id, lambda _: old, when_status=task.status)
     move_task(store, registry, task_id, 2, tenant=TENANT, defaults=Defaults(max_tokens=90_000))
     moved = store.tasks.get(task_id).submission
     assert moved.outcome is not None and moved.outcome.grader == "report_written"
@@ -170,6 +172,46 @@ def test_a_task_resolved_before_the_record_was_kept_is_told_apart_by_the_version
 # ---------------------------------------------------------------- a move and the task's workspace
 
 BWRAP = pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="the workspace tools need bubblewrap")
+
+
+def test_a_move_between_a_messages_read_and_its_accept_is_kept_by_the_raise_the_message_carries(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    """A message's raise was planned from the sender's read of the task and its submission put as
+    planned, whatever was written since: a move in between was undone, its ``agent.moved`` logged."""
+    _two_versions(store)
+    task_id = _answered(store, registry, {"goal": "g", "agent": "support@1"})
+    read = store.tasks.get(task_id)  # the sender's read
+    plan = planned_raise(read, add_tokens=0, add_steps=5)
+    move_task(store, registry, task_id, 2, tenant=TENANT)  # the move, before the accept
+    store.messages.accept(task_id, "go on", raised=plan)
+    after = store.tasks.get(task_id).submission
+    assert (after.agent, after.system, after.constraints.max_steps) == ("support@2", "v2", 9 + 5)
+
+
+def test_a_move_between_another_moves_read_and_its_write_refuses_that_one_and_is_never_undone(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A move is made from the submission it read and written only while it is still that one (a
+    raise always moves the task out of the statuses a move takes, so only another move can come
+    between): the later one is refused (409, nothing written), the earlier one stands, and the
+    later one made again moves the task on from it."""
+    _two_versions(store)
+    store.agents.create(TENANT, _version("v3"))
+    task_id = _answered(store, registry, {"goal": "g", "agent": "support@1"})
+    versions = store.agents.get
+
+    def moved_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(store.agents, "get", versions)  # once
+        move_task(store, registry, task_id, 2, tenant=TENANT)
+        return versions(*args, **kwargs)
+
+    monkeypatch.setattr(store.agents, "get", moved_meanwhile)  # read by the move after the submission
+    with pytest.raises(IllegalTransition, match="changed while it moved") as refused:
+        move_task(store, registry, task_id, 3, tenant=TENANT)
+    assert refused.value.field == "task_id" and store.tasks.get(task_id).submission.agent == "support@2"
+    assert move_task(store, registry, task_id, 3, tenant=TENANT) == ("support@2", "support@3")
+    assert store.tasks.get(task_id).submission.system == "v3"
 
 
 @pytest.fixture
@@ -233,7 +275,7 @@ def test_a_task_with_steps_and_a_git_start_never_recorded_fails_with_a_precise_c
     task = store.tasks.get(task_id)
     given = TaskSubmission.model_validate({**task.submission.model_dump(mode="json", exclude_none=True),
         "workspace": {"allow_hosts": [git_host], "git": {"url": f"http://{git_host}/calc.git"}}})  # fmt: skip
-    store.tasks.replace_submission(task_id, given, when_status=task.status)
+    store.tasks.replace_submission(task_id, lambda _: given, when_status=task.status)
     send_message(store, _Queues(), task_id, "go on", tenant=TENANT)  # type: ignore[arg-type]
     result = _in_workspace(store, registry, tmp_path / "w2", git_host).run(task_id)
     assert result.status is TaskStatus.FAILED, (result.outcome, result.error)  # was: lease_lost, every claim

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -620,6 +621,46 @@ def test_a_retried_send_that_raises_the_budget_raises_it_once_and_a_different_ra
     with pytest.raises(IdempotencyConflict):  # the key names the raise too, not the text alone
         send_message(store, Queues(), task.task_id, "more", tenant="t", idempotency_key="once", add_tokens=9000)
     assert store.budgets.get(task.task_id).cap == cap + 1000
+
+
+def test_two_messages_that_raise_the_step_cap_at_once_raise_it_by_both(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each send reads the task and then accepts its message; the accept that lost the race for
+    the message number tried again with the submission its sender had planned from that read,
+    so one step raise was lost (the token raises, ADDs on META, both counted). The caps are now
+    raised on the submission as each attempt of the accept reads it, put only while it is still
+    that one."""
+    sub = scripted([{"text": "hi"}], max_steps=10)
+    task = store.tasks.create(sub, tenant="t")
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+    cap = store.budgets.get(task.task_id).cap
+    both_read = threading.Barrier(2)
+    accept = store.messages.accept
+
+    def after_both_read(*args: Any, **kwargs: Any) -> Any:
+        both_read.wait(timeout=10)  # both senders have read the task and planned their raise
+        return accept(*args, **kwargs)
+
+    monkeypatch.setattr(store.messages, "accept", after_both_read)
+    errors: list[BaseException] = []
+
+    def send(text: str) -> None:
+        try:
+            send_message(store, Queues(), task.task_id, text, tenant="t", add_tokens=100, add_steps=5)
+        except BaseException as exc:
+            errors.append(exc)
+
+    senders = [threading.Thread(target=send, args=(text,)) for text in ("one", "two")]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join()
+
+    assert not errors, errors
+    after = store.tasks.get(task.task_id)
+    assert after.messages_received == 2 and store.budgets.get(task.task_id).cap == cap + 200
+    assert after.submission.constraints.max_steps == 20
 
 
 def test_a_message_refused_by_a_closed_conversation_raises_no_budget_and_resumes_no_task(store: Storage) -> None:

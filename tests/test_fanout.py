@@ -411,7 +411,7 @@ def test_a_child_that_fails_deterministically_ends_failed_at_once_and_its_parent
     second = store.tasks.get(spawn.children[1])
     assert second.status is TaskStatus.QUEUED  # its turn comes when the first has ended
     store.tasks.replace_submission(
-        second.task_id, second.submission.model_copy(update={"script": "/etc/passwd"}), when_status=TaskStatus.QUEUED
+        second.task_id, lambda s: s.model_copy(update={"script": "/etc/passwd"}), when_status=TaskStatus.QUEUED
     )
     final = _wait(store, root.task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.result == "parent done"

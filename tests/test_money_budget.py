@@ -174,3 +174,30 @@ def test_raising_the_money_cap_resumes_a_task_that_ran_out_and_a_task_without_on
     with pytest.raises(ValidationError) as refused:
         raise_budget(store, queues, plain.task_id, add_tokens=0, add_usd=Decimal("1"))
     assert refused.value.field == "add_usd"
+
+
+def test_a_budget_raise_and_a_message_raise_at_once_both_raise_the_money_and_step_caps(
+    store: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``POST /budget`` raised the caps of the submission it read, and put it with only a status
+    condition: a message's raise accepted between its read and its write was undone. It now
+    raises the submission as its write reads it, put only while it is still that one."""
+    from agentq.control.conversations import send_message
+    from agentq.control.operations import raise_budget
+
+    queues: Any = _Queues()
+    task = store.tasks.create(parse_submission(_long_task("0.02")), tenant="t")
+    store.tasks.claim(task.task_id, "w", 30)  # running: both raises wait for its next turn
+    replace = store.tasks.replace_submission
+
+    def after_a_message(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(store.tasks, "replace_submission", replace)  # once
+        send_message(store, queues, task.task_id, "more", tenant="t", add_steps=5, add_usd=Decimal("1"))
+        return replace(*args, **kwargs)
+
+    monkeypatch.setattr(store.tasks, "replace_submission", after_a_message)  # after raise_budget's read
+    raise_budget(store, queues, task.task_id, add_tokens=0, add_steps=5, add_usd=Decimal("2"))
+
+    constraints = store.tasks.get(task.task_id).submission.constraints
+    assert (constraints.max_steps, constraints.max_cost_usd) == (110, Decimal("3.02"))
+    assert store.budgets.get(task.task_id).cap_micros == 3_020_000  # the ledger's caps: both, as before

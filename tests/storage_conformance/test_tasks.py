@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 
 from agentq.core.errors import IdempotencyConflict, IllegalTransition, LeaseLost, TaskNotFound
-from agentq.core.models import RetryState, TaskStatus
+from agentq.core.models import RetryState, TaskStatus, TaskSubmission
 from agentq.core.workspace import WorkspaceRef, WorkspaceStartRefused
 from agentq.observe.redaction import REDACTOR
 from agentq.storage import keys
+from agentq.storage.budget_items import BudgetRaise
 from agentq.storage.container import Storage
 from agentq.storage.item_size import item_size
 from agentq.storage.table import ConditionFailed, IdempotentParameterMismatch, TransactionCancelled, Update
@@ -181,13 +183,65 @@ def test_a_tenant_lists_its_own_root_tasks_newest_first_in_pages(backend: Storag
     assert [t.task_id for t in cancelled] == [ids[0]]
 
 
+@pytest.mark.parametrize("stored_before_digests", [False, True])
+def test_a_submission_replaced_since_it_was_read_is_read_again_and_the_change_made_of_it(
+    backend: Storage, stored_before_digests: bool
+) -> None:
+    """A replace is a read, then a write conditional on the submission being the one read (its
+    digest; an item stored before digests were recorded has none): a write between the two is
+    never undone. Here a second replace lands inside the first's change, each adding 5 steps."""
+    task_id = new_task(backend)
+    if stored_before_digests:
+        item = dict(backend.table.get(keys.submission_key(task_id)) or {})
+        backend.table.put({k: v for k, v in item.items() if k != "digest"})
+    made: list[int] = []
+
+    def more_steps(submission: TaskSubmission) -> TaskSubmission:
+        made.append(submission.constraints.max_steps)
+        if len(made) == 1:  # another writer, between this read and this write
+            backend.tasks.replace_submission(task_id, more_steps, when_status=TaskStatus.QUEUED)
+        return submission.model_copy(update={"constraints": submission.constraints.model_copy(
+            update={"max_steps": submission.constraints.max_steps + 5})})  # fmt: skip
+
+    backend.tasks.replace_submission(task_id, more_steps, when_status=TaskStatus.QUEUED)
+    first = made[0]
+    assert made == [first, first, first + 5]  # the first made again of what the second wrote
+    assert backend.tasks.get(task_id).submission.constraints.max_steps == first + 10
+
+
+def test_a_message_raise_is_made_of_the_submission_its_write_replaces(
+    backend: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message's raise of the step cap is put only while the submission is the one its accept
+    read: one replaced in between (a move, another raise) is read again, never undone."""
+    task_id = new_task(backend)
+    base = backend.tasks.get(task_id).submission.constraints.max_steps
+    transact = backend.table.transact
+    calls = 0
+
+    def replaced_first(actions: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # between the accept's read and its write
+            backend.tasks.replace_submission(task_id, lambda s: s.model_copy(update={"system": "moved"}),
+                                             when_status=TaskStatus.QUEUED)  # fmt: skip
+        return transact(actions, **kwargs)
+
+    monkeypatch.setattr(backend.table, "transact", replaced_first)
+    backend.messages.accept(task_id, "go on", raised=BudgetRaise(steps=5))
+    monkeypatch.undo()
+    after = backend.tasks.get(task_id).submission
+    assert (after.system, after.constraints.max_steps) == ("moved", base + 5)
+    assert backend.tasks.get(task_id).messages_received == 1
+
+
 def test_a_submission_is_replaced_only_in_the_status_named(backend: Storage) -> None:
     task_id = new_task(backend)
     bigger = scripted([{"text": "x"}], max_steps=99)
-    backend.tasks.replace_submission(task_id, bigger, when_status=TaskStatus.QUEUED)
+    backend.tasks.replace_submission(task_id, lambda _: bigger, when_status=TaskStatus.QUEUED)
     assert backend.tasks.get(task_id).submission.constraints.max_steps == 99
     with pytest.raises(IllegalTransition):
-        backend.tasks.replace_submission(task_id, scripted([{"text": "x"}]), when_status=TaskStatus.PAUSED)
+        backend.tasks.replace_submission(task_id, lambda _: scripted([{"text": "x"}]), when_status=TaskStatus.PAUSED)
     assert backend.tasks.get(task_id).submission.constraints.max_steps == 99
 
 

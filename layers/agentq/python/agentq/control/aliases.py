@@ -34,7 +34,7 @@ from agentq.core.models import Constraints, OnlineGrade, TaskStatus, TaskSubmiss
 from agentq.core.tools import ToolRegistry
 from agentq.storage.agents import AgentNotFound
 from agentq.storage.container import Storage
-from agentq.storage.task_pins import TaskBusy, repin
+from agentq.storage.task_pins import SubmissionReplaced, TaskBusy, repin
 
 # A task no worker holds and none will claim until someone writes to it: answered, or
 # interrupted and waiting for its person. Its next run (a follow-up) runs the new version.
@@ -97,9 +97,10 @@ def move_task(
     keeping the old version's outcome was graded by a gate its version no longer had. Only an
     answered or idle task moves (409 otherwise): a run in flight is never changed under its worker."""
     task = owned_task(store, task_id, tenant)
-    if task.submission.agent is None:
+    old, read = store.tasks.submission_read(task_id)  # what the move is made from, and written over
+    if old.agent is None:
         raise ValidationError(f"task {task_id} runs no agent definition: there is no version to move", field="task_id")
-    name, was = parse_ref(task.submission.agent)
+    name, was = parse_ref(old.agent)
     try:
         target = store.agents.get(tenant, name, version)
     except AgentNotFound:
@@ -110,7 +111,6 @@ def move_task(
             "(interrupt it first)",
             field="task_id",
         )
-    old = task.submission
     own = _own_fields(old, lambda: _version_was(store, tenant, name, was), defaults)
     sent = old.model_dump(exclude={*DEFINED_BY_AGENT, *SUPPLIED_BY_AGENT, "agent", "constraints", "memory",
                                    "own_fields"}, exclude_none=True)  # fmt: skip
@@ -136,12 +136,17 @@ def move_task(
     check_submission(moved, tools)
     check_attachments(store, moved.memory, tenant=tenant)
     try:
-        repin(store.table, task_id, moved, before=task.submission.agent, statuses=MOVABLE)
+        repin(store.table, task_id, moved, before=old.agent, statuses=MOVABLE, read=read)
     except TaskBusy:
         raise IllegalTransition(
             f"task {task_id} started running again; move it when it is answered or idle", field="task_id"
         ) from None
-    return task.submission.agent, target.ref
+    except SubmissionReplaced:
+        raise IllegalTransition(
+            f"task {task_id}'s submission changed while it moved (another move); move it again",
+            field="task_id",
+        ) from None
+    return old.agent, target.ref
 
 
 def _version_was(store: Storage, tenant: str, name: str, version: int | str | None) -> AgentVersion | None:

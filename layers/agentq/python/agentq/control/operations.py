@@ -17,7 +17,7 @@ from agentq.core.endusers import NotTheApprover
 from agentq.core.engine import count_as_spent, count_batch_hold_as_spent
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
-from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus, TaskSubmission
+from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus
 from agentq.core.pricing import micros
 from agentq.core.stops import ScopeStopped, stop_covering
 from agentq.core.tools import ToolRegistry
@@ -254,8 +254,8 @@ def raise_budget(
         raise IllegalTransition(
             f"task {task_id} is {task.status.value} and its retention ran out; it is being deleted", field="task_id"
         )
-    if more.submission is not None:
-        store.tasks.replace_submission(task_id, more.submission, when_status=task.status)
+    if more.changes_submission:  # raised as it is when written: a raise or a move meanwhile is kept
+        store.tasks.replace_submission(task_id, more.raised, when_status=task.status)
     if more.tokens or more.micros:
         store.budgets.raise_cap(task_id, more.tokens, more.micros)
     if task.status is TaskStatus.COST_EXCEEDED:
@@ -267,7 +267,9 @@ def raise_budget(
 def planned_raise(task: Task, *, add_tokens: int, add_steps: int = 0, add_usd: Decimal = Decimal(0)) -> BudgetRaise:
     """What raising ``task``'s caps writes, checked against what cannot change: the amounts, a
     money cap to raise, a root task. Whether its status takes a raise is the writer's to check,
-    at the write (``raise_budget``; a message's accept, which checks its idempotency key first)."""
+    at the write (``raise_budget``; a message's accept, which checks its idempotency key first),
+    and so is the submission it raises: the one the write reads (``BudgetRaise.raised``), not
+    ``task``'s, which another raise or a move may have replaced since."""
     if add_tokens < 0 or add_steps < 0 or add_usd < 0 or not (add_tokens or add_steps or add_usd):
         raise ValidationError("add_tokens, add_steps and add_usd must be >= 0 and not all 0", field="add_tokens")
     if add_usd and task.submission.constraints.max_cost_usd is None:
@@ -278,16 +280,10 @@ def planned_raise(task: Task, *, add_tokens: int, add_steps: int = 0, add_usd: D
         raise ValidationError(
             "budgets are raised on the root task; a sub-agent's share comes from its parent", field="task_id"
         )
-    raised: TaskSubmission | None = None
-    if add_steps or add_usd:
-        raised = task.submission.model_copy(deep=True)
-        raised.constraints.max_steps += add_steps
-        if add_steps and raised.own_fields is not None:  # its owner's now: a move keeps it (control.aliases)
-            raised.own_fields = sorted({*raised.own_fields, "constraints.max_steps"})
-        if add_usd and raised.constraints.max_cost_usd is not None:
-            raised.constraints.max_cost_usd += add_usd
-        TaskSubmission.model_validate(raised.model_dump())  # the raised caps must still be valid
-    return BudgetRaise(tokens=add_tokens, micros=micros(add_usd), steps=add_steps, submission=raised)
+    more = BudgetRaise(tokens=add_tokens, micros=micros(add_usd), steps=add_steps, usd=add_usd)
+    if more.changes_submission:
+        more.raised(task.submission)  # refused now if the raised caps would not be valid
+    return more
 
 
 def fork(

@@ -24,15 +24,33 @@ SETTLED = "budget_settled"
 @dataclass(frozen=True)
 class BudgetRaise:
     """More budget for a root task, checked (``control.operations.planned_raise``): ``tokens``
-    and ``micros`` (millionths of a dollar) added to the budget on its META, and ``submission``
-    as raised when its step or money cap grows (``steps`` more steps; None: it stays). Written by
-    ``Budgets.raise_cap``, or in the very write that accepts the message it comes with
-    (``storage.messages``), so a refused message raises nothing and its retry nothing twice."""
+    and ``micros`` (millionths of a dollar) added to the budget on its META, and ``steps`` more
+    steps and ``usd`` more dollars on its submission's caps (``raised``). Written by
+    ``Budgets.raise_cap`` and ``Tasks.replace_submission``, or in the very write that accepts
+    the message it comes with (``storage.messages``), so a refused message raises nothing and its
+    retry nothing twice."""
 
     tokens: int = 0
     micros: int = 0
     steps: int = 0
-    submission: TaskSubmission | None = None
+    usd: Decimal = Decimal(0)
+
+    @property
+    def changes_submission(self) -> bool:
+        """Whether the raise writes the submission (its step or money cap grows)."""
+        return bool(self.steps or self.usd)
+
+    def raised(self, submission: TaskSubmission) -> TaskSubmission:
+        """``submission`` with its caps raised, checked still valid: the step cap its owner's now
+        (so a move keeps it: ``control.aliases``). Made of the submission as the write that puts
+        it reads it, never of an earlier read: a raise or a move between the two is kept."""
+        raised = submission.model_copy(deep=True)
+        raised.constraints.max_steps += self.steps
+        if self.steps and raised.own_fields is not None:
+            raised.own_fields = sorted({*raised.own_fields, "constraints.max_steps"})
+        if self.usd and raised.constraints.max_cost_usd is not None:
+            raised.constraints.max_cost_usd += self.usd
+        return TaskSubmission.model_validate(raised.model_dump())  # the raised caps must still be valid
 
     def update(self) -> Update:
         """The ADDs to META's budget (``cap``/``available``, ``usd_cap``/``usd_available``)."""

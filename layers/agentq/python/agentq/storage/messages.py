@@ -25,7 +25,10 @@ Where the message goes depends on the task's status when it is accepted, in the 
 A raise that comes with a message is written by the same transaction that accepts it (the budget
 on META, the submission's raised caps, ``budget.raised`` logged before ``message.received``),
 after the same checks: a refused message raises nothing, and a retry with its idempotency key
-finds the key (whose request hash counts the raise) and raises nothing again.
+finds the key (whose request hash counts the raise) and raises nothing again. The caps are
+raised on the submission as each attempt reads it, and put only while it is still the one read
+(``task_items.same_submission``): two messages raising the steps at once raise them by both,
+and a move to another version made meanwhile is kept.
 
 A turn never ends over a waiting message: the commit that would end the task, and the move to
 ``idle`` after an interrupt, are conditional on ``messages_received`` being what the engine has
@@ -73,7 +76,7 @@ from agentq.storage.table import (
     plain,
     present,
 )
-from agentq.storage.task_items import TaskItems, live_keys, merged, reopening
+from agentq.storage.task_items import TaskItems, live_keys, merged, read_submission, reopening, same_submission
 
 MESSAGE = "MSG#"
 MESSAGE_KEY = "MSGKEY#"
@@ -231,8 +234,12 @@ class Messages:
                         absent(),
                     )
                 )
-            if raised is not None and raised.submission is not None:
-                actions.append(Put("submission", TaskItems.submission_item(task_id, raised.submission)))
+            if raised is not None and raised.changes_submission:
+                # Raised as read now, and put only while it is still that: another message's raise,
+                # a move to another version, made meanwhile is kept (this attempt is tried again).
+                current, read = read_submission(self.table, task_id)
+                item = TaskItems.submission_item(task_id, raised.raised(current))
+                actions.append(Put("submission", item, same_submission(read)))
             said = {"message_id": message.message_id, "seq": message.seq, "text": text[:EVENT_TEXT_CHARS]}
             if reopens:
                 said["status"] = TaskStatus.QUEUED.value  # a follow-up: the event leaves the task queued
@@ -244,8 +251,8 @@ class Messages:
             try:
                 logged_transact(self.table, task_id, actions, events, retry_moved=False)
             except (TransactionCancelled, TransactionConflict):
-                # Another message took the number, the status moved, the key was used, or a
-                # write to META raced this one: look again.
+                # Another message took the number, the status moved, the key was used, the
+                # submission it raises was replaced, or a write to META raced this one: look again.
                 time.sleep(random.uniform(0, ACCEPT_BACKOFF_SECONDS))
                 continue
             return Accepted(

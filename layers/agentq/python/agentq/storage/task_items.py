@@ -11,6 +11,8 @@ import hashlib
 from decimal import Decimal
 from typing import Any
 
+from boto3.dynamodb.conditions import Attr, ConditionBase
+
 from agentq.core.errors import TaskNotFound
 from agentq.core.models import RetryState, Task, TaskStatus, TaskSubmission
 from agentq.resources import LIVE_SHARDS
@@ -27,6 +29,31 @@ def live_keys(task_id: str) -> dict[str, str]:
     """The sparse ``live`` index keys an unfinished task's META carries (``resources.GSI_LIVE``)."""
     shard = int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) % LIVE_SHARDS
     return {"live_pk": f"LIVE#{shard}", "live_sk": task_id}
+
+
+DIGEST = "digest"  # of the submission item: what a write made from a read of it checks
+
+
+def _digest(stored: str) -> str:
+    return hashlib.sha256(stored.encode()).hexdigest()[:16]
+
+
+def same_submission(read: Item) -> ConditionBase:
+    """The condition of a write of the submission made from ``read`` (its item as read: a raise
+    of its caps, a move to another version): no other write has replaced it since, so none is
+    undone (the writer reads it again and makes its write again). Every write of the item
+    records its digest; one stored before digests were has none, and then none may have been
+    recorded since."""
+    digest = read.get(DIGEST)
+    return Attr(DIGEST).eq(digest) if digest is not None else Attr(DIGEST).not_exists()
+
+
+def read_submission(table: Table, task_id: str) -> tuple[TaskSubmission, Item]:
+    """The task's submission and its item as read (for ``same_submission``)."""
+    item = table.get(keys.submission_key(task_id))
+    if item is None:
+        raise TaskNotFound(f"no task {task_id!r}", field="task_id")
+    return TaskSubmission.model_validate_json(str(item["submission"])), item
 
 
 def user_attrs(tenant: str, user: str) -> dict[str, str]:
@@ -119,7 +146,14 @@ class TaskItems:
 
     @staticmethod
     def submission_item(task_id: str, submission: TaskSubmission) -> Item:
-        return {**keys.submission_key(task_id), "submission": submission.model_dump_json(exclude_none=True)}
+        """The submission as stored, with its digest (``same_submission``)."""
+        stored = submission.model_dump_json(exclude_none=True)
+        return {**keys.submission_key(task_id), "submission": stored, DIGEST: _digest(stored)}
+
+    def submission_read(self, task_id: str) -> tuple[TaskSubmission, Item]:
+        """The task's submission, and its item as read: what a write made from it is conditional
+        on (``same_submission``)."""
+        return read_submission(self.table, task_id)
 
     def get(self, task_id: str) -> Task:
         """META, the submission and the latest retry (``META#RETRY``): one Query."""

@@ -10,7 +10,9 @@ the same write; leaving one is refused once that retention has run out.
 from __future__ import annotations
 
 import contextlib
+import random
 import time
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -41,13 +43,17 @@ from agentq.storage.table import (
     Patch,
     Put,
     TransactionCancelled,
+    TransactionConflict,
     Update,
     fence,
     present,
     status_in,
     transact_leaving_out,
 )
-from agentq.storage.task_items import TaskItems, live_keys, merged, reopening
+from agentq.storage.task_items import TaskItems, live_keys, merged, read_submission, reopening, same_submission
+
+REPLACE_ATTEMPTS = 20  # writers racing on one submission (raises, a move): each loss means another won
+REPLACE_BACKOFF_SECONDS = 0.02
 
 
 def recorded(error: dict[str, Any]) -> dict[str, Any]:
@@ -261,21 +267,33 @@ class TaskTransitions(TaskItems):
             fence(lease),
         )
 
-    def replace_submission(self, task_id: str, submission: TaskSubmission, *, when_status: TaskStatus) -> None:
-        try:
-            self.table.transact(
-                [
-                    Patch(
-                        "meta",
-                        keys.meta_key(task_id),
-                        Update(set={"updated_at": time.time()}),
-                        Attr("status").eq(when_status.value),
-                    ),
-                    Put("submission", self.submission_item(task_id, submission)),
-                ]
-            )
-        except TransactionCancelled as exc:
-            raise IllegalTransition(f"task {task_id} is no longer {when_status.value}", field="task_id") from exc
+    def replace_submission(
+        self, task_id: str, change: Callable[[TaskSubmission], TaskSubmission], *, when_status: TaskStatus
+    ) -> TaskSubmission:
+        """Replace the task's submission with ``change`` of it while the task is ``when_status``
+        (else ``IllegalTransition``): made of the submission as read here, and put only while it is
+        still that one (``same_submission``), so a write between the two (a message's raise, a
+        move) is never undone: it is read again, and ``change`` made of it. The submission put."""
+        for _ in range(REPLACE_ATTEMPTS):
+            current, read = read_submission(self.table, task_id)
+            submission = change(current)
+            status = Attr("status").eq(when_status.value)
+            meta = Patch("meta", keys.meta_key(task_id), Update(set={"updated_at": time.time()}), status)
+            put = Put("submission", self.submission_item(task_id, submission), same_submission(read))
+            try:
+                self.table.transact([meta, put])
+            except TransactionCancelled as exc:
+                if "meta" in exc.failed:
+                    raise IllegalTransition(
+                        f"task {task_id} is no longer {when_status.value}", field="task_id"
+                    ) from exc
+            except TransactionConflict:
+                pass
+            else:
+                return submission
+            time.sleep(random.uniform(0, REPLACE_BACKOFF_SECONDS))  # replaced since it was read: read it again
+        raise IllegalTransition(f"task {task_id}'s submission kept changing while it was written; try again",
+                                field="task_id")  # fmt: skip
 
     def next_look(self, task_id: str, due: float, *, after: float | None) -> bool:
         """Move a waiting task's next look's due time (``LOOK_DUE``) from ``after`` (the due the
