@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 from agentq.api import a2a_views as views
 from agentq.api.a2a_push import PushConfigMethods, config_in
 from agentq.api.a2a_stream import stopped, task_events
+from agentq.api.a2a_views import HISTORY_BYTES
 from agentq.api.models import MAX_NOTE_CHARS
 from agentq.api.routes.common import ApiDeps
 from agentq.api.user_submission import check_user_submission
@@ -137,15 +138,11 @@ class AgentqRequestHandler(PushConfigMethods):
         any other ``input-required``), else None: read only for a paused task."""
         return self.deps.store.approvals.pending(task.task_id) if task.status is TaskStatus.PAUSED else None
 
-    def _view(self, task: Task, history_length: int | None = None, *, with_artifacts: bool = True) -> Any:
+    def _view(
+        self, task: Task, history_length: int | None = None, *, with_artifacts: bool = True, budget: int = HISTORY_BYTES
+    ) -> Any:
         pending = self._asked(task)
-        history: list[Any] = []
-        if history_length != 0:
-            history = [views.user_message(task, task.submission.goal, f"{task.task_id}-goal")]
-            history += [views.user_message(task, m.text, f"{task.task_id}-m{m.seq}")
-                        for m in self.deps.store.messages.listed(task.task_id)]  # fmt: skip
-            if history_length:
-                history = history[-history_length:]
+        history = views.history(self.deps.store, task, history_length, budget=budget)
         shown = views.artifacts(self.deps.store, task) if with_artifacts else []
         return views.a2a_task(task, pending, history=history, artifacts=shown)
 
@@ -198,7 +195,8 @@ class AgentqRequestHandler(PushConfigMethods):
 
                 edge = found[-1] if found else None
                 token = _encode_token(keys.tenant_index_sk(edge.created_at, edge.task_id) if edge else str(last))
-            tasks_out = [self._view(t, length, with_artifacts=params.include_artifacts) for t in found]
+            share = HISTORY_BYTES // max(1, len(found))  # the page's histories share one answer's budget
+            tasks_out = [self._view(t, length, with_artifacts=params.include_artifacts, budget=share) for t in found]
             # total_size is this page's count, not the protocol's count before pagination: a count
             # reads every task of the tenant (its index has no agent); docs/PROTOCOLS.md.
             return ListTasksResponse(tasks=tasks_out, next_page_token=token, page_size=size, total_size=len(found))

@@ -142,3 +142,34 @@ def user_message(task: Task, text: str, message_id: str) -> Any:
 
     return Message(message_id=message_id, context_id=context_id(task), task_id=task.task_id, role=Role.ROLE_USER,
                    parts=[_text(text)])  # fmt: skip
+
+
+# A task's history as GetTask, ListTasks and SendMessage show it: without historyLength, the last
+# DEFAULT_HISTORY of its items (the goal, then each message sent); and, whatever historyLength
+# asks, no more of them than fit HISTORY_BYTES as JSON (escaped: a character may take six bytes)
+# for the whole answer, the latest kept first and never none. A task takes up to 1,000 messages
+# of 32,000 characters: read whole, an answer could pass 100 MB.
+DEFAULT_HISTORY = 100
+HISTORY_BYTES = 2_000_000
+
+
+def history(store: Storage, task: Task, length: int | None, *, budget: int = HISTORY_BYTES) -> list[Any]:
+    """The last ``length`` items of ``task``'s history (None: ``DEFAULT_HISTORY``; 0: none),
+    fewer once they pass ``budget`` bytes; only the messages shown are read."""
+    if length == 0:
+        return []
+    want = DEFAULT_HISTORY if length is None else length
+    received = task.messages_received
+    first = max(1, received - want + 1)
+    items: list[tuple[str, str]] = [(m.text, f"{task.task_id}-m{m.seq}")
+                                    for m in store.messages.listed(task.task_id, after=first - 1, upto=received)]  # fmt: skip
+    if want > received:
+        items.insert(0, (task.submission.goal, f"{task.task_id}-goal"))
+    kept: list[tuple[str, str]] = []
+    size = 0
+    for text, message_id in reversed(items):
+        size += len(json.dumps(text)) + 200  # the text escaped, and the message's ids around it
+        if size > budget and kept:
+            break
+        kept.append((text, message_id))
+    return [user_message(task, text, message_id) for text, message_id in reversed(kept)]
