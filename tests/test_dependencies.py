@@ -5,7 +5,9 @@ while the dependent is being submitted is never missed; bad references change no
 
 from __future__ import annotations
 
+import itertools
 import threading
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -15,8 +17,10 @@ from agentq.control.submit import submit
 from agentq.core.engine import Engine
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus
+from agentq.core.tools import ToolRegistry
 from agentq.queueing.endings import release_dependents
 from agentq.runtime import build_queues, build_registry, build_store
+from agentq.storage.container import memory_storage
 from agentq_dev.moto_server import MotoServer
 from agentq_dev.stack import LocalStack
 
@@ -135,6 +139,42 @@ def test_a_dependency_ending_while_its_dependent_is_submitted_is_never_missed(mo
         final = store.tasks.get(made.task_id)
         assert final.status is TaskStatus.CANCELLED, (round_, final.status)
         assert final.error is not None and final.error["code"] == "dependency_failed"
+
+
+def test_a_failed_head_cancels_every_task_of_a_long_dependency_chain() -> None:
+    """A chain of 400 tasks, each depending on the one before: cancelling the head cancels every
+    one (dependency_failed, naming the link before it). The cascade once recursed a call per
+    link (``task_ended -> release_dependents -> resolve -> task_ended``): RecursionError near
+    link 315, the cancel failed, and the rest stayed ``blocked`` for good."""
+    store, registry = memory_storage(), ToolRegistry()
+    chain = [submit(store, registry, _scripted("x"), tenant="t").task_id]
+    for _ in range(400):
+        chain.append(submit(store, registry, _scripted("x", after=[chain[-1]]), tenant="t").task_id)
+    assert cancel(store, chain[0], tenant="t") == [chain[0]]
+    ended = [store.tasks.get(t) for t in chain[1:]]
+    assert {t.status for t in ended} == {TaskStatus.CANCELLED}, Counter(t.status.value for t in ended)
+    assert [(t.error or {}).get("dependency") for t in ended] == chain[:-1]
+
+
+def test_a_dependency_cascade_cut_short_is_finished_by_the_next_report_of_the_end() -> None:
+    """An ender killed part way down a chain (or a read that failed) leaves the rest ``blocked``,
+    which nothing else looks at (no message; the sweeper skips blocked tasks). The next report of
+    the head's end (its redelivered message) walks through the dependents already cancelled
+    ``dependency_failed`` and cancels the rest, a diamond below them too."""
+    store, registry = memory_storage(), ToolRegistry()
+    chain = [submit(store, registry, _scripted("x"), tenant="t").task_id]
+    for _ in range(12):
+        chain.append(submit(store, registry, _scripted("x", after=[chain[-1]]), tenant="t").task_id)
+    left, right = (submit(store, registry, _scripted(s, after=[chain[-1]]), tenant="t").task_id for s in "lr")
+    bottom = submit(store, registry, _scripted("x", after=[left, right]), tenant="t").task_id
+    store.tasks.transition(chain[0], TaskStatus.FAILED)
+    for before, link in itertools.pairwise(chain[:6]):  # the ender got this far
+        store.tasks.transition(link, TaskStatus.CANCELLED, error={"code": "dependency_failed", "dependency": before})
+    assert store.tasks.get(chain[6]).status is TaskStatus.BLOCKED
+    release_dependents(store, None, chain[0])  # the head's end reported again
+    statuses = Counter(store.tasks.get(t).status.value for t in [*chain[1:], left, right, bottom])
+    assert statuses == {"cancelled": len(chain) + 2}, statuses
+    assert (store.tasks.get(chain[7]).error or {})["dependency"] == chain[6]
 
 
 def _end(store: Any, queues: Any, task_id: str, status: TaskStatus) -> None:

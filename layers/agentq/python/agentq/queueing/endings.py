@@ -18,7 +18,9 @@ things follow, in this order:
    next report of an end of the task (a redelivery, a later end) to make;
 5. the tasks that depend on it are looked at (``depends_on``): each moves on, queued when
    every dependency succeeded, cancelled (``dependency_failed``) when one cannot, which is an
-   ending too, so this goes on down the chain.
+   ending too, so this goes on down the chain: walked with a worklist (``release_dependents``),
+   not by recursion, so a chain of any length is cancelled to its end (by recursion, a chain of
+   a few hundred links raised RecursionError part way and left the rest ``blocked`` for good).
 
 Who ends a task decides which of the first two apply: the dispatcher gives back what the run's
 gate took and knows the parent's token; a task skipped at its submission, or cancelled for a
@@ -48,6 +50,12 @@ them sees the other's write: a dependency that ends while the dependent is being
 never missed. Both may see it; the move out of ``blocked`` is a conditional write, so the task
 is enqueued (or cancelled) once. Cycles cannot happen: a task can only depend on tasks that
 exist before it.
+
+A walk cut short (the ender killed, a read that failed) leaves dependents ``blocked`` that
+nothing else would look at: a blocked task has no message, and the sweeper skips it. So a walk
+goes on through a dependent already cancelled ``dependency_failed`` as through one it cancels
+itself: the next report of the end (its redelivered message, ``dispatch._ended``) finishes the
+cascade. Each task's dependents are listed once per walk (a diamond is walked once).
 """
 
 from __future__ import annotations
@@ -76,11 +84,16 @@ def task_ended(
     *,
     fanout: FanoutLauncher | None = None,
     give_back: Callable[[], object] | None = None,
+    walk: list[str] | None = None,
 ) -> None:
     """``task`` ended ``status``: give back its slots (``give_back``, when it may hold some),
     tell its fan-out parent (when ``fanout`` is given and the task has a callback token), post
     its callback, count a sampled task's end without an answer, release its dependents. A
-    callback that cannot be queued, or a count that cannot be made, never holds up the rest."""
+    callback that cannot be queued, or a count that cannot be made, never holds up the rest.
+
+    ``walk``: a dependency walk under way (``release_dependents``) that cancelled this task;
+    its dependents are left on the walk's worklist instead of walked here, so a long chain
+    never nests one call per link."""
     if give_back is not None:
         give_back()
     if fanout is not None:
@@ -100,7 +113,10 @@ def task_ended(
             count_online(store, task.task_id)
         except Exception:  # a count is an observation: it never holds up the rest
             log.warning("could not read sampled task %s to count its end", task.task_id, exc_info=True)
-    release_dependents(store, queues, task.task_id)
+    if walk is not None:
+        walk.append(task.task_id)
+    else:
+        release_dependents(store, queues, task.task_id)
 
 
 def count_online(store: Storage, task_id: str) -> None:
@@ -124,18 +140,33 @@ def count_online(store: Storage, task_id: str) -> None:
 
 
 def release_dependents(store: Storage, queues: TaskQueues | None, task_id: str) -> None:
-    """``task_id`` ended: look at every task waiting for it."""
-    for dependent in store.tasks.dependents(task_id):
-        with contextlib.suppress(IllegalTransition):
-            resolve(store, queues, dependent)
+    """``task_id`` ended: look at every task waiting for it, and down the chain, with a
+    worklist: a dependent this look cancels, or one already cancelled ``dependency_failed``
+    (a cascade an earlier look began and did not finish), has its own dependents looked at in
+    turn. Each task's dependents are listed once."""
+    pending, listed = [task_id], set[str]()
+    while pending:
+        ended = pending.pop()
+        if ended in listed:
+            continue
+        listed.add(ended)
+        for dependent in store.tasks.dependents(ended):
+            with contextlib.suppress(IllegalTransition):
+                resolve(store, queues, dependent, walk=pending)
 
 
-def resolve(store: Storage, queues: TaskQueues | None, task_id: str) -> TaskStatus | None:
+def resolve(
+    store: Storage, queues: TaskQueues | None, task_id: str, *, walk: list[str] | None = None
+) -> TaskStatus | None:
     """Move a blocked task on if its dependencies allow: ``queued`` (and enqueued) when all
     succeeded, ``cancelled`` (an ending: ``task_ended``) when one cannot; None while it must
-    wait (or is not blocked)."""
+    wait (or is not blocked). Within a walk (``walk``, ``release_dependents``'s worklist), a
+    task it cancels, or finds cancelled ``dependency_failed`` already, is put on the worklist
+    for its dependents to be looked at."""
     task = store.tasks.get(task_id)
     if task.status is not TaskStatus.BLOCKED:
+        if walk is not None and _cancelled_for_a_dependency(task):
+            walk.append(task_id)  # a cascade cut short: finish it below this task
         return None
     deps = {d.task_id: d for d in store.tasks.get_many(task.submission.depends_on)}
     for dep_id in task.submission.depends_on:
@@ -146,9 +177,9 @@ def resolve(store: Storage, queues: TaskQueues | None, task_id: str) -> TaskStat
             try:
                 store.tasks.transition(task_id, TaskStatus.CANCELLED, error=error)
             except IllegalTransition:
-                return None  # another look moved it first
+                return None  # another look moved it first (and walks on from it)
             log.info("task %s cancelled: dependency %s ended %s", task_id, dep_id, ended)
-            task_ended(store, queues, task, TaskStatus.CANCELLED)
+            task_ended(store, queues, task, TaskStatus.CANCELLED, walk=walk)
             return TaskStatus.CANCELLED
     if all(deps[d].status is TaskStatus.SUCCEEDED for d in task.submission.depends_on):
         try:
@@ -160,3 +191,7 @@ def resolve(store: Storage, queues: TaskQueues | None, task_id: str) -> TaskStat
         log.info("task %s unblocked: its %d dependencies succeeded", task_id, len(deps))
         return TaskStatus.QUEUED
     return None
+
+
+def _cancelled_for_a_dependency(task: Task) -> bool:
+    return task.status is TaskStatus.CANCELLED and (task.error or {}).get("code") == "dependency_failed"
