@@ -59,6 +59,7 @@ class CountingQueues:
         self._inner = inner
         self.sent: Counter[str] = Counter()
         self.callbacks: Counter[str] = Counter()
+        self.deliveries: dict[str, list[str]] = {}  # each callback's agentq-delivery, by task
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -68,7 +69,9 @@ class CountingQueues:
         return self._inner.send(task_id, tier, kind, delay_seconds, tenant=tenant)
 
     def send_webhook(self, body: str) -> None:
-        self.callbacks[json.loads(body)["payload"]["task_id"]] += 1
+        delivery = json.loads(body)
+        self.callbacks[delivery["payload"]["task_id"]] += 1
+        self.deliveries.setdefault(delivery["payload"]["task_id"], []).append(delivery["delivery_id"])
         self._inner.send_webhook(body)
 
 
@@ -243,6 +246,39 @@ def test_every_ending_gives_back_tells_posts_and_releases_exactly_once(
         if waiter is not None:
             assert p.store.tasks.get(task.task_id).slots == [], f"{name}: slots kept"
             assert p.queues.sent[waiter.task_id] == 1, f"{name}: waiter woken {p.queues.sent[waiter.task_id]} times"
+
+
+@pytest.mark.parametrize("name", list(PATHS))
+def test_a_duplicate_message_of_an_ended_task_queues_its_callback_again_under_the_same_delivery_id(
+    name: str, queues: TaskQueues, memory_registry: ToolRegistry
+) -> None:
+    """A copy of an ended task's message (SQS's at least once, a second swept message, a redrive
+    of a message SQS moved) reports the end again, callback included; a receiver de-duplicates
+    on ``agentq-delivery`` (ARCHITECTURE, Callbacks), so every report of one end carries the same
+    id, whoever made the first (the run, the dead letter, a cancel, a skip, a dependency's
+    cancel). It was a fresh uuid each time: two ends, to the receiver."""
+    p = Path(CountingQueues(queues), memory_registry)
+    drive, _, _ = PATHS[name]
+    task, _ = drive(p)
+    for receives in (1, 2):  # two duplicates after the end
+        p.deliver(p.dispatcher(), task, receives)
+    ids = p.queues.deliveries[task.task_id]
+    assert len(ids) == 3 and len(set(ids)) == 1, f"{name}: {ids}"
+
+
+def test_a_later_end_of_the_same_status_is_posted_under_a_new_delivery_id(
+    queues: TaskQueues, memory_registry: ToolRegistry
+) -> None:
+    """The id names one end, not the task's status: a task redriven out of its failure that
+    fails again ends anew, and its receiver must not drop that callback as a duplicate."""
+    p = Path(CountingQueues(queues), memory_registry)
+    task, _ = _run_to("refused")(p)
+    p.store.tasks.transition(task.task_id, TaskStatus.QUEUED, error=None, reopen=True)  # a redrive's requeue
+    time.sleep(0.01)
+    p.store.tasks.transition(task.task_id, TaskStatus.FAILED, error={"code": "again", "message": "again"})
+    p.deliver(p.dispatcher(), task)  # its message reports the second end
+    first, second = p.queues.deliveries[task.task_id]
+    assert first != second
 
 
 SPAWN = [{"text": "splitting", "tool_calls": [call("spawn_subagents", subagents=[{"goal": "one", "script": {"turns": [

@@ -97,8 +97,10 @@ def test_the_lambda_deliverer_posts_reports_a_failed_try_and_dead_letters_a_refu
     for key, value in settings.env().items():
         monkeypatch.setenv(key, value)
     store, queues = build_store(settings), build_queues(settings)
-    good = Delivery.for_task_end("acme", receiver.url, {"task_id": "t1", "status": "succeeded"})
-    refused = Delivery.for_task_end("acme", "https://10.0.0.1/hook", {"task_id": "t2", "status": "failed"})
+    good = Delivery.for_task_end("acme", receiver.url, {"task_id": "t1", "status": "succeeded"}, finished_at=1.0)
+    refused = Delivery.for_task_end(
+        "acme", "https://10.0.0.1/hook", {"task_id": "t2", "status": "failed"}, finished_at=1.0
+    )
     for delivery in (good, good, refused):  # the receiver fails the first post of the good one
         queues.send_webhook(delivery.to_json())
     got = queues.sqs.receive_message(QueueUrl=queues.webhooks_url(), MaxNumberOfMessages=10,
@@ -141,7 +143,9 @@ def _bad_and_good_deliveries(moto_server: Any, monkeypatch: pytest.MonkeyPatch, 
     queues = build_queues(settings)
     for body in NOT_DELIVERIES:
         queues.send_webhook(body)
-    queues.send_webhook(Delivery.for_task_end("acme", receiver.url, {"task_id": "t1", "status": "succeeded"}).to_json())
+    queues.send_webhook(
+        Delivery.for_task_end("acme", receiver.url, {"task_id": "t1", "status": "succeeded"}, finished_at=1.0).to_json()
+    )
     return settings, queues
 
 

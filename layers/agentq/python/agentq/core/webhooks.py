@@ -134,9 +134,13 @@ class Delivery:
     headers: dict[str, str] = field(default_factory=dict)  # the receiver's own (an A2A push config's auth)
 
     @classmethod
-    def for_task_end(cls, tenant: str, url: str, task: Mapping[str, object]) -> Delivery:
-        return cls(delivery_id=uuid.uuid4().hex, tenant=tenant, url=url,
-                   payload={"type": "task.ended", **task})  # fmt: skip
+    def for_task_end(cls, tenant: str, url: str, task: Mapping[str, object], *, finished_at: float | None) -> Delivery:
+        """An end's callback. Its id is derived from the end (the task, its status, when it
+        ended: ``end_delivery_id``), not drawn: every report of one end (a redelivered
+        message's, a duplicate's) queues it under the same ``agentq-delivery``, which a receiver
+        de-duplicates on; a later end of the task (after a redrive, a follow-up) has a new one."""
+        delivery_id = end_delivery_id(str(task.get("task_id")), str(task.get("status")), finished_at)
+        return cls(delivery_id=delivery_id, tenant=tenant, url=url, payload={"type": "task.ended", **task})
 
     @classmethod
     def for_task_event(cls, tenant: str, url: str, kind: str, task: Mapping[str, object]) -> Delivery:
@@ -168,6 +172,12 @@ class Delivery:
             raise ValueError("not a delivery: headers must be an object of strings")
         return cls(delivery_id=data["delivery_id"], tenant=data["tenant"], url=data["url"], payload=payload,
                    headers=headers)  # fmt: skip
+
+
+def end_delivery_id(task_id: str, status: str, finished_at: float | None) -> str:
+    """The ``agentq-delivery`` of a task's end: the same for every report of that end."""
+    ended = "" if finished_at is None else f"{finished_at:.6f}"
+    return hashlib.sha256("\0".join(("task.ended", task_id, status, ended)).encode()).hexdigest()[:32]
 
 
 def _json_type(value: object) -> str:

@@ -101,7 +101,7 @@ def task_ended(
         if token:
             fanout.child_finished(token, task.task_id, status)
     try:
-        enqueue_end(queues, task, status)
+        enqueue_end(store, queues, task, status)
     except Exception:
         log.warning("could not queue the callback of task %s", task.task_id, exc_info=True)
     try:

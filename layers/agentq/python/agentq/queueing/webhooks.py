@@ -28,14 +28,20 @@ class DeliveryFailed(Exception):
     """The receiver did not take it (non-2xx, unreachable): try again later."""
 
 
-def enqueue_end(queues: TaskQueues | None, task: Task, status: TaskStatus) -> bool:
-    """Queue the callback of ``task`` ending ``status``, if its submission asked for it."""
+def enqueue_end(store: Storage, queues: TaskQueues | None, task: Task, status: TaskStatus) -> bool:
+    """Queue the callback of ``task`` ending ``status``, if its submission asked for it. Its
+    delivery id names the end (``Delivery.for_task_end``), so it needs the end's time: when the
+    caller's copy is from before the end (the claim's, a cancel's read), the task is read again."""
     notify = task.submission.notify
     if queues is None or notify is None or status.value not in notify.events:
         return False
+    if task.status is not status or task.finished_at is None:
+        now = store.tasks.get(task.task_id)
+        task = now if now.status is status else task  # moved on since (a redrive): this end's time is gone
     payload = {"task_id": task.task_id, "tenant": task.tenant, "user": task.user, "status": status.value,
                "root_id": task.root_id, "metadata": task.submission.metadata}  # fmt: skip
-    queues.send_webhook(Delivery.for_task_end(task.tenant, notify.url, payload).to_json())
+    end = Delivery.for_task_end(task.tenant, notify.url, payload, finished_at=task.finished_at)
+    queues.send_webhook(end.to_json())
     return True
 
 
