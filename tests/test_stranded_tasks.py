@@ -74,3 +74,21 @@ def test_a_task_left_with_no_message_is_swept_back_into_its_queue_once_it_has_be
     # a task that has ended is neither swept nor kept on the list
     store.tasks.transition(fresh.task_id, TaskStatus.CANCELLED)
     assert fresh.task_id not in sweep(store, queues, stale_after=60, now=now + 120).swept
+
+
+def test_a_stranded_task_is_swept_once_while_its_swept_message_is_on_its_way(moto_server: MotoServer) -> None:
+    """A sweep notes on META when it re-enqueued a task (``swept_at``, before it sends), and the
+    task's silence counts from then: the next pass (or an overlapping scheduled run) sends no
+    second ``swept`` message while the first still waits in a backlog, as a lost look is sent
+    once (``next_look``). Each pass sent another before. One whose swept message was lost too is
+    swept again once it has been silent that long since."""
+    _, store, queues, _ = _dispatcher(moto_server)
+    stranded = store.tasks.create(scripted([{"text": "done"}]), tenant="t")  # no message was ever sent
+    now = store.tasks.get(stranded.task_id).updated_at
+    assert sweep(store, queues, stale_after=60, now=now + 61).swept == [stranded.task_id]
+    assert sweep(store, queues, stale_after=60, now=now + 62).swept == []
+    assert queue_depth(queues, queues.url(TIER)) == 1
+    # Two sweeps that listed it with the same mark: only the first to write it sends.
+    assert not store.tasks.mark_swept(stranded.task_id, now + 63, after=None)
+    assert sweep(store, queues, stale_after=60, now=now + 61 + 60).swept == [stranded.task_id]  # that one was lost
+    assert queue_depth(queues, queues.url(TIER)) == 2

@@ -57,3 +57,10 @@ LOOK_DUE = "look_due"
 # nothing.
 SILENT_UNTIL = "silent_until"
 DEFERRED_EPOCH = "deferred_epoch"
+
+# META's attribute naming when the sweeper last re-enqueued a stranded task (epoch seconds, the
+# sweep's clock), written before its ``swept`` message is sent, conditional on the value the
+# sweep listed (``TaskListing.mark_swept``): the task's silence counts from then, so the next
+# sweep sends no second message while the first is on its way (in a backlog, a delay), and of
+# two sweeps at once only one sends. Left in place: a later sign of life is later than it.
+SWEPT_AT = "swept_at"

@@ -13,7 +13,11 @@ message for each ``queued`` or ``running`` task that shows no sign of life for
 ``stale_after`` seconds: its lease lapsed that long ago and nothing was written to it since
 (no claim, commit, heartbeat, retry note or release), or since the message a deferral or a
 delivery's retry waits for was due (``core.status.SILENT_UNTIL``: a cap deferral to midnight
-comes back in 15-minute hops, each its own silence). ``stale_after`` must be longer than the
+comes back in 15-minute hops, each its own silence), or since a sweep last re-enqueued it
+(``core.status.SWEPT_AT``: written before the ``swept`` message is sent, conditional on the
+value the listing read, so the next sweep sends no second message while the first waits in a
+backlog, and of two overlapping sweeps only one sends; one whose message was lost too is swept
+again ``stale_after`` later). ``stale_after`` must be longer than the
 longest silence a healthy task keeps otherwise: SQS's longest delay (15 minutes) plus the
 visibility timeout; with ``SILENT_UNTIL`` honoured, a shorter one (the local stack's 120 s)
 never sweeps a deferral that is still legitimate. A sweep that is wrong anyway is harmless: a claim is
@@ -56,7 +60,7 @@ from dataclasses import dataclass, field
 
 from agentq import observe
 from agentq.core.models import Task
-from agentq.core.status import LOOK_DUE, SILENT_UNTIL, TaskStatus
+from agentq.core.status import LOOK_DUE, SILENT_UNTIL, SWEPT_AT, TaskStatus
 from agentq.queueing.queues import MessageKind, TaskQueues
 from agentq.queueing.recovery import recover_lapsed
 from agentq.storage import fleet_slots, keys
@@ -103,7 +107,7 @@ def sweep(
     report.recovered = recover_lapsed(store, queues, now=now)
     ids = list(store.tasks.live_task_ids())
     report.listed = len(ids)
-    stranded: list[str] = []
+    stranded: dict[str, float | None] = {}  # task -> when a sweep last re-enqueued it, as listed
     lost_looks: dict[str, float] = {}  # task -> the overdue look's due, as listed
     waiting_tenants: set[str] = set()  # tenants with a queued task holding no slot (may be parked)
     for start in range(0, len(ids), BATCH):
@@ -119,10 +123,12 @@ def sweep(
                 continue
             if status == TaskStatus.QUEUED.value and not meta.get("slots") and meta.get("tenant"):
                 waiting_tenants.add(str(meta["tenant"]))
+            swept = float(meta[SWEPT_AT]) if meta.get(SWEPT_AT) is not None else None
             quiet_since = max(float(meta.get("lease_expires") or 0), float(meta.get("updated_at") or 0),
-                              float(meta.get("heartbeat_at") or 0), float(meta.get(SILENT_UNTIL) or 0))  # fmt: skip
+                              float(meta.get("heartbeat_at") or 0), float(meta.get(SILENT_UNTIL) or 0),
+                              swept or 0)  # fmt: skip
             if now - quiet_since >= stale_after:
-                stranded.append(str(meta["task_id"]))
+                stranded[str(meta["task_id"])] = swept
     slots = store.slots.with_default(default_max_running, fleet_capacity, tier_limits=tier_limits)
     # Read before waking: a waiter woken below is parked as far as this pass is concerned (it
     # has its message now), so it is not also swept.
@@ -142,12 +148,14 @@ def sweep(
     _wake_where_room(slots, queues, parked, report)
     _wake_fleet_room(slots, queues, sum(len(w) for w in in_fleet.values()), report)
     parked |= {fleet_slots.queue_pk(t, slots.fleet_name): waiting for t, waiting in in_fleet.items()}
-    for task in store.tasks.get_many(stranded):
+    for task in store.tasks.get_many(list(stranded)):
         if task.status.value not in STRANDABLE:
             continue
         if task.status is TaskStatus.QUEUED and not task.slots and _is_parked(slots, task, parked):
             report.parked += 1
             continue
+        if not store.tasks.mark_swept(task.task_id, now, after=stranded[task.task_id]):
+            continue  # another sweep re-enqueued it since this one listed it
         queues.send(task.task_id, task.submission.priority, kind="swept", tenant=task.tenant)
         report.swept.append(task.task_id)
         log.warning("task %s swept: %s with no sign of life for over %.0fs; re-enqueued", task.task_id, task.status.value,

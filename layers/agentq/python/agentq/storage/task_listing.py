@@ -11,9 +11,10 @@ from typing import Any
 from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq.core.models import Task, TaskStatus
+from agentq.core.status import SWEPT_AT
 from agentq.resources import GSI1, GSI_LIVE, GSI_TENANT_LIVE, GSI_USER, LIVE_ATTRIBUTES, LIVE_SHARDS
 from agentq.storage import keys
-from agentq.storage.table import ConditionFailed, Item, Update, plain, status_in
+from agentq.storage.table import ConditionFailed, Item, Update, plain, present, status_in
 from agentq.storage.task_items import TaskItems
 
 # The Limit of a Query of ``tenant_live``: above what DynamoDB's 1 MB page holds of the
@@ -130,3 +131,19 @@ class TaskListing(TaskItems):
         ended = [s for s in TaskStatus if s.terminal]
         with contextlib.suppress(ConditionFailed):
             self.table.update(keys.meta_key(task_id), Update(remove=LIVE_ATTRIBUTES), condition=status_in(ended))
+
+    def mark_swept(self, task_id: str, at: float, *, after: float | None) -> bool:
+        """Note that the sweeper re-enqueues the stranded ``task_id`` now (``SWEPT_AT``: ``at``),
+        before its ``swept`` message is sent: a compare-and-set from ``after``, the value the
+        sweep listed (None: it had none), so of two sweeps that listed the task only one sends,
+        and the next sweep counts its silence from ``at``. False, and nothing written, when the
+        task is no longer queued or running, or another sweep marked it since the listing."""
+        read = Attr(SWEPT_AT).not_exists() if after is None else Attr(SWEPT_AT).eq(after)
+        strandable = status_in([TaskStatus.QUEUED, TaskStatus.RUNNING])
+        try:
+            self.table.update(
+                keys.meta_key(task_id), Update(set={SWEPT_AT: at}), condition=present() & strandable & read
+            )
+        except ConditionFailed:
+            return False
+        return True
