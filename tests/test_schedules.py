@@ -197,3 +197,46 @@ def test_a_fire_whose_stored_submission_is_refused_is_counted_failed_dead_letter
     assert healed.kind == "delete" and healed.task_id == fire_task_id("acme", "archive", _at("2026-11-26T09:00:00"))
     after = store.schedules.get("acme", "archive")
     assert (after.fired, after.failed, after.last_error) == (1, 2, None)
+
+
+def test_a_local_fire_cut_short_by_an_outage_fires_its_slot_on_the_next_tick(moto_server: MotoServer) -> None:
+    """``agentq dev``'s ticker moves ``next_fire_at`` on, then fires. A fire an outage cuts short
+    (SQS unreachable: the submission's enqueue raises, its task is taken back) propagates, and
+    the dev stack's loop tries the next tick; that tick fires the slot it moved past (it was
+    lost: the schedule had moved on). Once: the tick after makes nothing more."""
+    import dataclasses
+
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    due = create_schedule(store, tools, _spec(expression="rate(1 hour)"), tenant="acme").next_fire_at
+    unreachable = build_queues(dataclasses.replace(settings, endpoint_url="http://127.0.0.1:9"))
+    with pytest.raises(Exception, match="Could not connect"):
+        fire_due(store, tools, unreachable, now=due + 1)
+    assert store.tasks.get_many([fire_task_id("acme", "nightly", due)]) == []  # nothing made
+    assert fire_due(store, tools, queues, now=due + 2) == [fire_task_id("acme", "nightly", due)]
+    assert fire_due(store, tools, queues, now=due + 3) == []
+    kept = store.schedules.get("acme", "nightly")
+    assert (kept.fired, kept.pending_fire, kept.next_fire_at) == (1, None, due + 3600)
+    assert queue_depth(queues, queues.url("normal")) == 1
+
+
+def test_a_local_fire_whose_scheduler_died_after_moving_the_schedule_on_fires_its_slot_once(
+    moto_server: MotoServer,
+) -> None:
+    """A scheduler killed between moving ``next_fire_at`` on and firing (its move noted the fire
+    time as pending) leaves the slot to the next tick of any scheduler; a slot fired already (its
+    task made, the pending mark not yet taken off) is not fired twice."""
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    spec = _spec(expression="rate(1 hour)", overlap="allow")  # the first task is still queued at the second fire
+    due = create_schedule(store, tools, spec, tenant="acme").next_fire_at
+    schedule = store.schedules.get("acme", "nightly")
+    assert store.schedules.advance(schedule, due + 3600, firing=due)  # the killed tick's first step
+    assert fire_due(store, tools, queues, now=due + 5) == [fire_task_id("acme", "nightly", due)]
+    # Killed after the fire this time, before its pending mark came off.
+    schedule = store.schedules.get("acme", "nightly")
+    assert store.schedules.advance(schedule, due + 7200, firing=due + 3600)
+    fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due + 3600)
+    assert fire_due(store, tools, queues, now=due + 3605) == [fire_task_id("acme", "nightly", due + 3600)]
+    assert store.schedules.get("acme", "nightly").fired == 2  # two slots, each fired once
+    assert queue_depth(queues, queues.url("normal")) == 2

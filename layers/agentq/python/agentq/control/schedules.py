@@ -4,7 +4,8 @@ In AWS (``AGENTQ_SCHEDULER_GROUP`` set) creating a schedule also creates an Even
 Scheduler schedule in the stack's group, whose target is the normal tier queue with a
 ``schedule`` message (the fire time filled in by the Scheduler), sent with the stack's
 scheduler role: the executor that receives it fires. In ``agentq dev`` a thread calls
-``fire_due`` every second instead. Either way a fire is ``fire``: the overlap policy, then one
+``fire_due`` every second instead (a fire it moved past but did not finish is fired on a later
+tick: ``pending_fire``). Either way a fire is ``fire``: the overlap policy, then one
 task per fire time (its id derived from it), enqueued.
 
 A fire whose stored submission is refused (its agent, alias, workspace or memory store deleted
@@ -129,21 +130,40 @@ def fire(
 def fire_due(store: Storage, tools: ToolRegistry, queues: TaskQueues | None, *, now: float | None = None) -> list[str]:
     """The local scheduler's tick: fire every schedule whose time has come, once (a schedule
     that missed several fires while nothing ran fires once, for the latest). A schedule whose
-    submission is refused is counted failed (``fire``) and the others still fire."""
+    submission is refused is counted failed (``fire``) and the others still fire.
+
+    Moving ``next_fire_at`` on and firing are two steps, so the move notes the fire time as
+    pending (``Schedules.advance``) and the fire takes it off once done: a fire an outage cuts
+    short (anything but ``REFUSED`` propagates, and the dev stack's loop tries the next tick) or
+    a scheduler killed between the two leaves it pending, and a later tick fires that slot
+    before the schedule moves on. At most once a slot still: the task's id is derived from the
+    fire time, and a fire that finds its task made returns it (``fire``)."""
     now = time.time() if now is None else now
-    fired = []
+    fired: list[str] = []
     for schedule in store.schedules.list():
+        if schedule.pending_fire is not None:  # a fire cut short: its slot first
+            _fire_pending(store, tools, queues, schedule, schedule.pending_fire, fired)
         if schedule.next_fire_at > now:
             continue
         due = schedule.next_fire_at
         while (following := next_fire(schedule.spec.expression, due)) <= now:
             due = following
-        if not store.schedules.advance(schedule, following):
-            continue  # another loop fired it
-        try:
-            task_id = fire(store, tools, queues, tenant=schedule.tenant, name=schedule.spec.name, fire_time=due)
-        except REFUSED:
-            continue  # counted and logged by ``fire``
-        if task_id is not None:
-            fired.append(task_id)
+        if not store.schedules.advance(schedule, following, firing=due):
+            continue  # another loop fired it (or fires the one still pending)
+        _fire_pending(store, tools, queues, schedule, due, fired)
     return fired
+
+
+def _fire_pending(
+    store: Storage, tools: ToolRegistry, queues: TaskQueues | None, schedule: Schedule, due: float, fired: list[str]
+) -> None:
+    """Fire the slot ``due`` of ``schedule``, then take it off as pending; an outage raises with
+    it left pending, for the next tick."""
+    tenant, name = schedule.tenant, schedule.spec.name
+    try:
+        task_id = fire(store, tools, queues, tenant=tenant, name=name, fire_time=due)
+    except REFUSED:
+        task_id = None  # counted and logged by ``fire``
+    store.schedules.fired(tenant, name, due)
+    if task_id is not None and task_id not in fired:
+        fired.append(task_id)

@@ -1,7 +1,9 @@
 """Schedules in one partition (``SCHEDULES``, sort key ``<tenant>#<name>``): a tenant lists its
 own by prefix, and the local scheduler reads every schedule with one Query. ``next_fire_at`` is
 moved by a conditional write on its old value, so two loops firing the same schedule agree on
-who fires it."""
+who fires it; the same write notes the fire time it moves past as ``pending_fire``, taken off
+once that fire is done, so a fire cut short (an outage, the scheduler killed before it fired)
+is fired on a later tick, not lost (``control.schedules.fire_due``)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class Schedule:
     skipped: int = 0
     failed: int = 0  # fires whose stored submission was refused (``control.schedules.fire``)
     last_error: str | None = None  # why the latest of them was refused; cleared by a fire that submits
+    pending_fire: float | None = None  # a fire time the local scheduler moved past and has not yet fired
 
 
 class ScheduleNotFound(TaskNotFound):
@@ -69,17 +72,27 @@ class Schedules:
         if self.table.delete(self._key(tenant, name)) is None:
             raise ScheduleNotFound(f"no schedule {name!r}", field="name")
 
-    def advance(self, schedule: Schedule, to: float) -> bool:
-        """Move ``next_fire_at`` on, if no one else did: True when this caller fires it."""
+    def advance(self, schedule: Schedule, to: float, *, firing: float) -> bool:
+        """Move ``next_fire_at`` on, if no one else did, noting ``firing`` (the fire time this
+        caller is about to fire) as pending: True when this caller fires it. Not while another
+        fire is pending: that one is fired first (``fired`` takes it off)."""
         try:
             self.table.update(
                 self._key(schedule.tenant, schedule.spec.name),
-                Update(set={"next_fire_at": Decimal(repr(to))}),
-                condition=Attr("next_fire_at").eq(Decimal(repr(schedule.next_fire_at))),
+                Update(set={"next_fire_at": Decimal(repr(to)), "pending_fire": Decimal(repr(firing))}),
+                condition=Attr("next_fire_at").eq(Decimal(repr(schedule.next_fire_at)))
+                & Attr("pending_fire").not_exists(),
             )
         except ConditionFailed:
             return False
         return True
+
+    def fired(self, tenant: str, name: str, fire_time: float) -> None:
+        """The pending fire at ``fire_time`` is done (a task made or found, a skip, a refusal):
+        take it off, if it is still the pending one (and the schedule still exists)."""
+        with contextlib.suppress(ConditionFailed):
+            self.table.update(self._key(tenant, name), Update(remove=("pending_fire",)),
+                              condition=Attr("pending_fire").eq(Decimal(repr(fire_time))))  # fmt: skip
 
     def record_fire(self, tenant: str, name: str, task_id: str | None) -> None:
         """Count a fire: its task (clearing the last refusal: the cause is gone), or a skip
@@ -112,4 +125,5 @@ def _schedule(item: dict[str, object]) -> Schedule:
         skipped=int(item.get("skipped", 0)),  # type: ignore[call-overload]
         failed=int(item.get("failed", 0)),  # type: ignore[call-overload]
         last_error=str(item["last_error"]) if item.get("last_error") else None,
+        pending_fire=float(item["pending_fire"]) if item.get("pending_fire") is not None else None,  # type: ignore[arg-type]
     )
