@@ -23,12 +23,12 @@ from agentq.core.providers.anthropic_provider import AnthropicProvider
 from agentq.core.providers.retry import RetryPolicy
 from agentq.queueing.dispatch import Action, RetryBackoff, _failures
 from agentq.queueing.dlq import list_dead_letters, redrive
-from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage
+from agentq.queueing.queues import DEAD_LETTER_ID, DEAD_LETTER_REASON, TaskMessage
 from agentq.runtime import Settings, build_queues, build_registry, build_store
 from agentq.worker import Worker, WorkerConfig
 from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
 
-from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
+from tests.fake_messages_api import FakeMessagesAPI, invalid_request, overloaded, text_reply, tool_use_reply
 from tests.helpers import deployment, dynamo, queue_depth, s3_payloads, wait_for
 
 MAX_RECEIVES = 2
@@ -331,6 +331,40 @@ def test_a_redriven_message_delivered_again_after_its_task_failed_again_leaves_t
             )
         assert fake.unexpected == []
     assert store.tasks.get(task_id).result == "resumed by its second redrive"
+
+
+def test_a_copy_of_a_redriven_message_leaves_a_task_that_then_failed_outside_the_dlq_alone(
+    moto_server: MotoServer,
+) -> None:
+    """DEPLOY.md: a redriven message for a task that failed meanwhile "for a reason that did not
+    come through the DLQ" is deleted and nothing changes. The redrive's requeue takes the task out
+    of the failure it was dead-lettered for (META's ``dead_letter``): before, it kept that id, so
+    a second delivery of the redriven message (SQS is at least once; the CLI's send-then-delete
+    may duplicate) matched it, requeued the task that had since failed on a 400, and re-ran it."""
+    settings = _deployment(moto_server, max_receive_count=MAX_RECEIVES, visibility_timeout=10)
+    store = build_store(settings)
+    with FakeMessagesAPI() as fake:
+        dispatcher = _failing_worker(settings, fake).dispatcher
+        fake.enqueue(tool_use_reply("lookup", {"query": "x"}, text="let me look"), overloaded(), overloaded(),
+                     invalid_request("bad request"), text_reply("must never be asked for"))  # fmt: skip
+        task = submit(store, build_registry(settings), _submission(), tenant="t", queues=None)
+        body = TaskMessage(task_id=task.task_id).model_dump_json()
+        assert dispatcher.handle(body, tier=TIER, receive_count=1).kind == "retry"
+        dead = dispatcher.handle(body, tier=TIER, receive_count=2)
+        assert dead.kind == "dead_letter" and dead.dead_letter_id
+        attrs = {DEAD_LETTER_REASON: {"DataType": "String", "StringValue": dead.reason},
+                 DEAD_LETTER_ID: {"DataType": "String", "StringValue": dead.dead_letter_id}}  # fmt: skip
+        # Redriven: it resumes, and fails for a reason that never reaches the DLQ (a 400).
+        assert dispatcher.handle(body, tier=TIER, receive_count=1, attributes=attrs).kind == "delete"
+        failed = store.tasks.get(task.task_id)
+        assert failed.status is TaskStatus.FAILED and not (failed.error or {}).get("dead_lettered"), failed.error
+        asked = len(fake.requests)
+        # SQS delivers the redriven message again.
+        again = dispatcher.handle(body, tier=TIER, receive_count=2, attributes=attrs)
+        now = store.tasks.get(task.task_id)
+        assert (now.status, now.claim_count, len(fake.requests)) == (TaskStatus.FAILED, failed.claim_count, asked), (
+            again.kind, again.reason, now.status, now.result)  # fmt: skip
+        assert again.kind == "delete" and "failed again since this dead letter was redriven" in again.reason
 
 
 def test_two_deliveries_failing_the_same_task_dead_letter_it_once(

@@ -137,6 +137,24 @@ def test_a_requeue_out_of_one_failure_is_refused_once_the_task_failed_again_and_
     assert backend.tasks.get(lease.task_id).status is TaskStatus.QUEUED
 
 
+def test_a_requeue_out_of_a_dead_lettered_failure_leaves_no_failure_for_a_copy_of_its_redrive_to_match(
+    backend: Storage,
+) -> None:
+    """The requeue takes the task out of the failure it was dead-lettered for: once the task fails
+    again without a dead letter (a 400, nothing to the DLQ), a copy of the redriven message,
+    which expects the first failure, is refused and changes nothing."""
+    lease = claimed(backend)
+    backend.tasks.transition(lease.task_id, TaskStatus.FAILED, lease=lease, extra={"dead_letter": "first"})
+    backend.tasks.transition(lease.task_id, TaskStatus.QUEUED, error=None, expect={"dead_letter": "first"})
+    again = backend.tasks.claim(lease.task_id, "w2", 30)
+    assert again is not None
+    backend.tasks.transition(lease.task_id, TaskStatus.FAILED, lease=again[0], error={"code": "invalid_request"})
+    failed = backend.tasks.get(lease.task_id)
+    with pytest.raises(IllegalTransition, match="no longer as it was expected"):
+        backend.tasks.transition(lease.task_id, TaskStatus.QUEUED, error=None, expect={"dead_letter": "first"})
+    assert backend.tasks.get(lease.task_id) == failed
+
+
 def test_a_large_result_goes_to_the_payload_store_and_reads_back(backend: Storage) -> None:
     lease = claimed(backend)
     big = "r" * 100_000

@@ -196,7 +196,10 @@ class TaskTransitions(TaskItems):
         if to is not TaskStatus.RUNNING:  # only a running task holds a lease
             sets["lease_expires"] = 0
         if to is TaskStatus.QUEUED:  # a requeue starts clean
-            removes += ["error", "finished_at"]
+            # ... out of the failure it was dead-lettered for too: a copy of the redriven message
+            # (``dispatch._ended``, expect=dead_letter) must not requeue a later failure of its
+            # that never reached the DLQ, and so wrote no dead_letter of its own.
+            removes += ["error", "finished_at", "dead_letter"]
         if to.terminal:
             sets.update({"finished_at": now, TTL_ATTRIBUTE: self.expiry(now)})
             removes += LIVE_ATTRIBUTES  # out of the sweeper's index
