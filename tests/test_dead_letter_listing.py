@@ -13,11 +13,14 @@ import pytest
 
 from agentq.control.submit import submit
 from agentq.core.models import TaskStatus
+from agentq.core.tools import ToolRegistry
 from agentq.queueing import dlq
 from agentq.queueing.dlq import list_dead_letters, redrive_for_tenant
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.runtime import build_queues, build_registry, build_store
+from agentq.storage import keys
 from agentq.storage.container import Storage
+from agentq.storage.table import Update
 from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment
@@ -93,3 +96,29 @@ def test_a_listing_waits_for_a_message_another_listing_holds_instead_of_leaving_
     monkeypatch.setattr(dlq, "HELD_WAIT_SECONDS", 60)
     _held_for_a_second(queues)
     assert [(d.task_id, d.task_status) for d in list_dead_letters(queues, store, tier=TIER)] == [(task_id, "failed")]
+
+
+def _unreadable_task(store: Storage, tenant: str) -> str:
+    """A task stored as no code of ours can read it (its submission no longer parses): the
+    dispatcher dead-letters its message as poison (``dispatch._poison.unreadable_task``)."""
+    body = {"goal": "g", "provider": "scripted", "script": {"turns": [{"text": "x"}]}}
+    task = submit(store, ToolRegistry(), body, tenant=tenant)
+    store.table.update(keys.item_key(task.task_id, "META#SUBMISSION"), Update(set={"submission": "{not json"}))
+    return task.task_id
+
+
+def test_a_tenant_redrive_moves_its_own_dead_letter_past_another_tenants_unreadable_task(
+    moto_server: MotoServer,
+) -> None:
+    """A tier's DLQ is every tenant's: one unreadable task's dead letter is nobody's (an operator
+    moves it with ``agentq dlq``), and every tenant's redrive still moves its own past it. Before,
+    reading its owner raised pydantic's ValidationError out of every tenant's redrive (a 500)."""
+    store, queues, mine = _dead_lettered(moto_server)
+    broken = _unreadable_task(store, "other")
+    queues.dead_letter(TIER, TaskMessage(task_id=broken).model_dump_json(), "poison: unreadable")
+    letters = {d.task_id: d.tenant for d in list_dead_letters(queues, store, tier=TIER)}
+    assert letters == {mine: "acme", broken: None}  # the listing copes with it, and shows it as nobody's
+    done = redrive_for_tenant(queues, store, "acme", TIER)
+    assert done.task_ids == [mine]
+    assert redrive_for_tenant(queues, store, "other", TIER).task_ids == []  # not even its own tenant's
+    assert [d.task_id for d in list_dead_letters(queues, store, tier=TIER)] == [broken]  # untouched

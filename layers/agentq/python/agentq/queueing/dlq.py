@@ -29,7 +29,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from agentq.core.errors import TaskNotFound
+from agentq.core.errors import DETERMINISTIC_FAULTS, TaskNotFound
+from agentq.core.models import Task
 from agentq.queueing.queues import (
     DEAD_LETTER_REASON,
     TaskMessage,
@@ -128,10 +129,11 @@ def _dead_letter(store: Storage, tier: str, m: dict[str, Any]) -> DeadLetter:
     tenant: str | None = None
     try:
         task_id = TaskMessage.model_validate_json(m["Body"]).task_id
-        task = store.tasks.get(task_id)
-        status, tenant = task.status.value, task.tenant
-    except (ValueError, TaskNotFound):
+    except ValueError:
         pass
+    task = _task_or_none(store, task_id) if task_id else None
+    if task is not None:
+        status, tenant = task.status.value, task.tenant
     return DeadLetter(
         tier=tier,
         message_id=m["MessageId"],
@@ -142,6 +144,20 @@ def _dead_letter(store: Storage, tier: str, m: dict[str, Any]) -> DeadLetter:
         sent_at=int(m.get("Attributes", {}).get("SentTimestamp", "0")) / 1000,
         tenant=tenant,
     )
+
+
+def _task_or_none(store: Storage, task_id: str) -> Task | None:
+    """The task, or None when it is gone or unreadable (stored as no code of ours can read it:
+    ``DETERMINISTIC_FAULTS``, as ``dispatch._poison.unreadable_task`` dead-lettered it). Such a
+    task's dead letter is nobody's: no tenant lists or redrives it, and one of them in a DLQ
+    every tenant shares must not break another tenant's listing or redrive; an operator sees and
+    moves it with ``agentq dlq``."""
+    try:
+        return store.tasks.get(task_id)
+    except TaskNotFound:
+        return None
+    except DETERMINISTIC_FAULTS:
+        return None
 
 
 @dataclass
@@ -225,10 +241,8 @@ def redrive_for_tenant(
 
     def owner(task_id: str) -> str | None:
         if task_id not in owners:
-            try:
-                owners[task_id] = store.tasks.get(task_id).tenant
-            except TaskNotFound:
-                owners[task_id] = None
+            task = _task_or_none(store, task_id)
+            owners[task_id] = task.tenant if task is not None else None
         return owners[task_id]
 
     try:

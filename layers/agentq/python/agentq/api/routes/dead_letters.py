@@ -3,8 +3,9 @@
 A tier's DLQ is shared by every tenant, so both routes see only messages that name one of
 the caller's tasks: the list leaves the others out, and the redrive moves the caller's own
 messages and puts every other one back untouched (``queueing.dlq.redrive_for_tenant``).
-Messages that name no task (unreadable ones) belong to no tenant; an operator sees and moves
-them with ``agentq dlq``, which talks to the queues directly.
+Messages that name no task (unreadable ones), or a task stored as no code of ours can read,
+belong to no tenant; an operator sees and moves them with ``agentq dlq``, which talks to the
+queues directly.
 """
 
 from __future__ import annotations

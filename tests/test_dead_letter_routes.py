@@ -1,0 +1,49 @@
+"""The dead-letter routes of the HTTP API against the local stack: a tier's DLQ is shared by
+every tenant, so what one tenant left there (an unreadable task's dead letter, a hundred dead
+letters of its own) must neither break nor hide another tenant's listing and redrive."""
+
+from __future__ import annotations
+
+from agentq.core.models import TaskSubmission
+from agentq.queueing.queues import TaskMessage, TaskQueues
+from agentq.storage import keys
+from agentq.storage.table import Update
+
+from tests.api_support import ApiStack
+
+TIER = "high"
+
+
+def _submission() -> TaskSubmission:
+    return TaskSubmission.model_validate(
+        {"goal": "g", "provider": "scripted", "script": {"turns": [{"text": "hi"}]}, "priority": TIER}
+    )
+
+
+def _drain(queues: TaskQueues) -> None:
+    """Empty the tier's DLQ for the next test of the shared stack (PurgeQueue allows one call a
+    minute)."""
+    url = queues.dlq_url(TIER)
+    while got := queues.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []):
+        for m in got:
+            queues.sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+
+
+def test_the_redrive_route_answers_a_tenant_whose_tier_holds_an_unreadable_tasks_dead_letter(
+    api_stack: ApiStack,
+) -> None:
+    """Before, the route answered every tenant 500 (pydantic's ValidationError from reading the
+    unreadable task's owner in ``redrive_for_tenant``)."""
+    stack = api_stack.stack
+    store, queues = stack.store(), stack.queues()
+    broken = store.tasks.create(_submission(), tenant="team-b")
+    store.table.update(keys.item_key(broken.task_id, "META#SUBMISSION"), Update(set={"submission": "{not json"}))
+    queues.dead_letter(TIER, TaskMessage(task_id=broken.task_id).model_dump_json(), "poison: unreadable")
+    try:
+        for key in (api_stack.key, api_stack.other_key):  # another tenant's, and its own tenant's
+            status, body, _ = api_stack.http("POST", f"/dead-letters/{TIER}/redrive", key=key)
+            assert (status, body) == (200, {"tier": TIER, "moved": 0, "task_ids": []}), (status, body)
+            status, page, _ = api_stack.http("GET", f"/dead-letters?tier={TIER}", key=key)
+            assert (status, page) == (200, {"dead_letters": []}), (status, page)
+    finally:
+        _drain(queues)
