@@ -15,7 +15,7 @@ from agentq.control.submit import submit
 from agentq.core.models import TaskStatus
 from agentq.core.tools import ToolRegistry
 from agentq.queueing import dlq
-from agentq.queueing.dlq import list_dead_letters, redrive_for_tenant
+from agentq.queueing.dlq import list_dead_letters, redrive, redrive_for_tenant
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.runtime import build_queues, build_registry, build_store
 from agentq.storage import keys
@@ -85,6 +85,22 @@ def test_a_redrive_waits_for_a_message_another_listing_holds_instead_of_moving_n
     _held_for_a_second(queues)
     moved = redrive_for_tenant(queues, store, "acme", TIER)
     assert moved.task_ids == [task_id] and moved.moved == 1
+
+
+def test_a_cli_redrive_waits_for_a_message_a_listing_holds_instead_of_moving_none(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A console's poll (GET /dead-letters, every 5 s, any tenant) holds the DLQ's messages for a
+    moment: ``agentq dlq redrive`` waits for them as the tenant redrive does. Before, it took the
+    empty receive for an empty DLQ, reported 0 moved and left them there."""
+    store, queues, task_id = _dead_lettered(moto_server)
+    monkeypatch.setattr(dlq, "HELD_WAIT_SECONDS", 60)  # see the test above
+    _held_for_a_second(queues)
+    (report,) = redrive(queues, tier=TIER)
+    assert (report.method, report.moved) == ("receive/send/delete", 1), report
+    assert list_dead_letters(queues, store, tier=TIER) == []
+    back = queues.sqs.receive_message(QueueUrl=queues.url(TIER), WaitTimeSeconds=1)["Messages"]
+    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in back] == [task_id]
 
 
 def test_a_listing_waits_for_a_message_another_listing_holds_instead_of_leaving_it_out(

@@ -6,6 +6,7 @@ checkpoint; the ``agentq dlq`` CLI lists and redrives."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -473,3 +474,29 @@ def test_the_dlq_cli_lists_dead_letters_as_json_and_redrives_them(
     assert [m["Body"] for m in back] == [task_body]
     assert back[0]["MessageAttributes"][DEAD_LETTER_REASON]["StringValue"].startswith("failed after 5 attempts")
     assert queue_depth(queues, queues.url("low")) == 1
+
+
+def test_a_cli_redrive_moves_each_dead_letter_once_and_returns_while_a_worker_dead_letters_them_again(
+    moto_server: MotoServer,
+) -> None:
+    """``agentq dlq redrive`` (its receive/send/delete path: moto, or StartMessageMoveTask
+    refused) moves what the DLQ held when it began, once: the poison a live worker sends straight
+    back is left for the next redrive. Before, it moved those copies again until the workers
+    stopped (3,890 dead-letterings in 120 s for 200 messages; with 40, it reported 45 moved)."""
+    settings = _deployment(moto_server)
+    queues = build_queues(settings)
+    n = 200
+    for i in range(n):
+        queues.dead_letter(TIER, f"garbage {i}", "poison: not a task message")
+    reports: list[Any] = []
+    mover = threading.Thread(target=lambda: reports.extend(redrive(queues, tier=TIER)), daemon=True)
+    with _running(Worker(settings, WorkerConfig(concurrency=8, max_receive_count=5))) as applied:
+        mover.start()
+        mover.join(timeout=60)
+        finished = not mover.is_alive()
+        _wait_for(lambda: len(applied) >= n and queue_depth(queues, queues.url(TIER)) == 0, what="every copy handled")
+    mover.join(timeout=120)  # before, it ended only once the worker had stopped
+    assert finished, "the redrive was still moving messages after 60 s"
+    assert [(r.method, r.moved) for r in reports] == [("receive/send/delete", n)], reports
+    assert len(applied) == n and {a.kind for _, a in applied} == {"dead_letter"}  # each handled once
+    assert queue_depth(queues, queues.dlq_url(TIER)) == n

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,27 +187,94 @@ def _redrive_tier(queues: TaskQueues, tier: str) -> RedriveReport:
         return RedriveReport(tier, "StartMessageMoveTask", None)
     except (ClientError, NotImplementedError) as exc:
         log.info("StartMessageMoveTask unavailable (%s); moving messages one batch at a time", exc)
+    return RedriveReport(tier, "receive/send/delete", _move_back(queues, source, dlq))
+
+
+REDRIVE_HOLD_SECONDS = 60  # how long a redrive holds a message it does not move (another's, or a later one)
+
+
+def _depth(queues: TaskQueues, url: str) -> int:
+    """The messages of a queue, visible or not (another listing or redrive may hold some)."""
+    names = [
+        "ApproximateNumberOfMessages",
+        "ApproximateNumberOfMessagesNotVisible",
+        "ApproximateNumberOfMessagesDelayed",
+    ]
+    attrs = queues.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=names)["Attributes"]
+    return sum(int(attrs.get(name, "0")) for name in names)
+
+
+def _move_back(queues: TaskQueues, source: str, dlq: str) -> int:
+    """Move what the DLQ held when this began, each message once; how many moved.
+
+    A worker sends a poison message straight back to the DLQ; moving those copies again would
+    go on for as long as workers run (it did: 3,890 dead-letterings in 120 s for 200 messages).
+    So a message sent to the DLQ after this began (``SentTimestamp``, against this host's clock)
+    is held, not moved, and made visible again at the end; and no more are moved than the DLQ's
+    depth when this began, which ends it even where the clocks disagree. A message another
+    listing or redrive holds is waited for, as ``redrive_for_tenant`` does (``_held_elsewhere``).
+    A message is deleted only after its copy was sent: a failure in between leaves a duplicate,
+    which the task's lease and status make harmless."""
+    began_ms = int(time.time() * 1000)
+    budget = _depth(queues, dlq)
+    later: dict[str, str] = {}  # message id -> receipt handle
     moved = 0
-    while True:
-        batch = queues.sqs.receive_message(
-            QueueUrl=dlq, MaxNumberOfMessages=10, VisibilityTimeout=30, MessageAttributeNames=["All"]
-        ).get("Messages", [])
-        if not batch:
-            return RedriveReport(tier, "receive/send/delete", moved)
-        entries = [
-            {
-                "Id": str(i),
-                "MessageBody": m["Body"],
-                **({"MessageAttributes": m["MessageAttributes"]} if m.get("MessageAttributes") else {}),
-            }
-            for i, m in enumerate(batch)
-        ]
-        sent = queues.sqs.send_message_batch(QueueUrl=source, Entries=entries)
-        ok = {e["Id"] for e in sent.get("Successful", [])}
-        to_delete = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(batch) if str(i) in ok]
-        if to_delete:
-            queues.sqs.delete_message_batch(QueueUrl=dlq, Entries=to_delete)
-        moved += len(to_delete)
+    patience = time.monotonic() + HELD_WAIT_SECONDS
+    try:
+        while moved < budget:
+            batch = queues.sqs.receive_message(
+                QueueUrl=dlq,
+                MaxNumberOfMessages=min(10, budget - moved),
+                VisibilityTimeout=REDRIVE_HOLD_SECONDS,
+                MessageAttributeNames=["All"],
+                AttributeNames=["SentTimestamp"],
+            ).get("Messages", [])
+            if not batch:
+                if _held_elsewhere(queues, dlq, len(later), patience):
+                    continue
+                break
+            older = []
+            for m in batch:
+                if int(m.get("Attributes", {}).get("SentTimestamp", "0")) > began_ms:
+                    later[m["MessageId"]] = m["ReceiptHandle"]
+                else:
+                    older.append(m)
+            moved += _send_back(queues, source, dlq, older)
+    finally:
+        _release(queues, dlq, later.values(), "a redrive")
+    return moved
+
+
+def _send_back(queues: TaskQueues, source: str, dlq: str, messages: list[dict[str, Any]]) -> int:
+    """Send ``messages`` to ``source`` with their attributes, then delete those sent from the
+    DLQ; how many moved. One SQS refused stays held, and comes back once its hold lapses."""
+    if not messages:
+        return 0
+    entries = [
+        {
+            "Id": str(i),
+            "MessageBody": m["Body"],
+            **({"MessageAttributes": m["MessageAttributes"]} if m.get("MessageAttributes") else {}),
+        }
+        for i, m in enumerate(messages)
+    ]
+    sent = queues.sqs.send_message_batch(QueueUrl=source, Entries=entries)
+    for failed in sent.get("Failed", []):
+        log.warning("SQS refused to send a dead letter back (%s): it stays in the DLQ", failed.get("Code"))
+    ok = {e["Id"] for e in sent.get("Successful", [])}
+    to_delete = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages) if str(i) in ok]
+    if to_delete:
+        queues.sqs.delete_message_batch(QueueUrl=dlq, Entries=to_delete)
+    return len(to_delete)
+
+
+def _release(queues: TaskQueues, url: str, receipts: Iterable[str], holder: str) -> None:
+    """Make the messages a redrive held, and did not move, visible again."""
+    for receipt in receipts:
+        try:
+            queues.sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=receipt, VisibilityTimeout=0)
+        except ClientError:
+            log.warning("could not release a dead letter held during %s; it reappears on its own", holder)
 
 
 MAX_TENANT_REDRIVE = 1000  # messages one tenant redrive looks at (a bound on one API request's work)
@@ -250,7 +317,7 @@ def redrive_for_tenant(
             batch = queues.sqs.receive_message(
                 QueueUrl=dlq,
                 MaxNumberOfMessages=min(10, max_messages - seen),
-                VisibilityTimeout=60,
+                VisibilityTimeout=REDRIVE_HOLD_SECONDS,
                 MessageAttributeNames=["All"],
             ).get("Messages", [])
             if not batch:
@@ -276,10 +343,6 @@ def redrive_for_tenant(
                 queues.sqs.delete_message(QueueUrl=dlq, ReceiptHandle=m["ReceiptHandle"])
                 moved.append(task_id)
     finally:
-        for receipt in held:
-            try:
-                queues.sqs.change_message_visibility(QueueUrl=dlq, ReceiptHandle=receipt, VisibilityTimeout=0)
-            except ClientError:
-                log.warning("could not release a dead letter held during a tenant redrive; it reappears on its own")
+        _release(queues, dlq, held, "a tenant redrive")
     log.info("tenant %s redrove %d dead letter(s) of tier %s", tenant, len(moved), tier)
     return TenantRedrive(tier=tier, moved=len(moved), task_ids=list(dict.fromkeys(moved)))
