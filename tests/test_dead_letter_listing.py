@@ -7,6 +7,7 @@ listing reads the status; the other holder is a receive whose visibility lapses 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -54,21 +55,23 @@ def test_a_redrive_racing_a_listing_never_makes_it_show_a_dead_letter_whose_task
     monkeypatch.setattr(dlq, "HELD_WAIT_SECONDS", 0.3)
 
     redriven: list[str] = []
-    read_status = store.tasks.get
+    read: list[list[str]] = []
+    read_statuses = store.tasks.get_many  # how a listing reads the tasks of a batch it holds
 
-    def get_while_a_redrive_lands(task_id: str) -> Any:
+    def get_while_a_redrive_lands(task_ids: list[str]) -> Any:
+        read.append(task_ids)
         moved = redrive_for_tenant(queues, store, "acme", TIER)
         for requeued in moved.task_ids:  # what dispatch._ended._requeue_redriven does with the copy
             store.tasks.transition(requeued, TaskStatus.QUEUED, error=None)
         redriven.extend(moved.task_ids)
-        return read_status(task_id)
+        return read_statuses(task_ids)
 
-    store.tasks.get = get_while_a_redrive_lands  # type: ignore[method-assign]
+    store.tasks.get_many = get_while_a_redrive_lands  # type: ignore[method-assign]
     letters = list_dead_letters(queues, store, tier=TIER)
-    store.tasks.get = read_status  # type: ignore[method-assign]
+    store.tasks.get_many = read_statuses  # type: ignore[method-assign]
 
     assert [(d.task_id, d.task_status) for d in letters] == [(task_id, "failed")]
-    assert redriven == []  # the listing held the message: the racing redrive found none
+    assert read == [[task_id]] and redriven == []  # the listing held the message: the racing redrive found none
     # Once the listing is done, the message is there to redrive, and its task is requeued.
     moved = redrive_for_tenant(queues, store, "acme", TIER)
     assert moved.task_ids == [task_id]
@@ -138,3 +141,34 @@ def test_a_tenant_redrive_moves_its_own_dead_letter_past_another_tenants_unreada
     assert done.task_ids == [mine]
     assert redrive_for_tenant(queues, store, "other", TIER).task_ids == []  # not even its own tenant's
     assert [d.task_id for d in list_dead_letters(queues, store, tier=TIER)] == [broken]  # untouched
+
+
+def test_a_listing_longer_than_its_hold_holds_every_message_it_shows_until_it_returns(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant's listing looks at up to 1,000 messages, which can take longer than one hold
+    (``PEEK_SECONDS``): it renews its holds, so no redrive takes a message it already read out
+    from under it (the race above) however long it looks. Here a hold is 2 s and each batch's
+    read takes 1.5 s: by the third read the first batch's hold would have lapsed."""
+    settings = deployment(moto_server)
+    store, queues = build_store(settings), build_queues(settings)
+    body = {"goal": "g", "provider": "scripted", "script": {"turns": [{"text": "x"}]}}
+    for _ in range(30):  # of as many tasks: each batch of ten is a read of its own
+        task = submit(store, ToolRegistry(), body, tenant="acme")
+        queues.dead_letter(TIER, TaskMessage(task_id=task.task_id).model_dump_json(), "failed after 2 attempts")
+    monkeypatch.setattr(dlq, "PEEK_SECONDS", 2)
+    monkeypatch.setattr(dlq, "RENEW_MARGIN_SECONDS", 1)
+    monkeypatch.setattr(dlq, "HELD_WAIT_SECONDS", 0.3)  # the peeks below hold nothing
+    taken: list[int] = []
+    read_statuses = store.tasks.get_many
+
+    def slow_read(task_ids: list[str]) -> Any:
+        time.sleep(1.5)
+        got = queues.sqs.receive_message(QueueUrl=queues.dlq_url(TIER), MaxNumberOfMessages=10, VisibilityTimeout=0)
+        taken.append(len(got.get("Messages", [])))  # what another listing's, or a redrive's, receive gets
+        return read_statuses(task_ids)
+
+    monkeypatch.setattr(store.tasks, "get_many", slow_read)
+    letters = list_dead_letters(queues, store, tier=TIER, limit=30, tenant="acme")
+    # At the last read the listing holds all 30: another's receive finds none.
+    assert len(letters) == 30 and taken == [10, 10, 0], taken

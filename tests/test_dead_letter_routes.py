@@ -47,3 +47,29 @@ def test_the_redrive_route_answers_a_tenant_whose_tier_holds_an_unreadable_tasks
             assert (status, page) == (200, {"dead_letters": []}), (status, page)
     finally:
         _drain(queues)
+
+
+def test_a_tenant_sees_and_redrives_its_own_dead_letter_behind_a_hundred_of_another_tenants(
+    api_stack: ApiStack,
+) -> None:
+    """A tier's DLQ is every tenant's: GET /dead-letters looks as far as the redrive does (1,000
+    messages) and keeps the caller's. Before, it looked at the first 100 only: behind 100 of
+    another tenant's dead letters a tenant's own was not listed, and the console's Redrive
+    button (disabled on an empty list) could not be pressed."""
+    stack = api_stack.stack
+    store, queues = stack.store(), stack.queues()
+    theirs = store.tasks.create(_submission(), tenant="team-b")
+    for _ in range(100):
+        queues.dead_letter(TIER, TaskMessage(task_id=theirs.task_id).model_dump_json(), "theirs")
+    mine = store.tasks.create(_submission(), tenant="team-a")
+    queues.dead_letter(TIER, TaskMessage(task_id=mine.task_id).model_dump_json(), "mine")
+    try:
+        status, page, _ = api_stack.http("GET", f"/dead-letters?tier={TIER}")
+        assert status == 200, page
+        assert [(d["task_id"], d["reason"]) for d in page["dead_letters"]] == [(mine.task_id, "mine")], page
+        status, done, _ = api_stack.http("POST", f"/dead-letters/{TIER}/redrive")
+        assert (status, done) == (200, {"tier": TIER, "moved": 1, "task_ids": [mine.task_id]}), (status, done)
+        status, page, _ = api_stack.http("GET", f"/dead-letters?tier={TIER}", key=api_stack.other_key)
+        assert status == 200 and len(page["dead_letters"]) == 100, (status, len(page["dead_letters"]))
+    finally:
+        _drain(queues)

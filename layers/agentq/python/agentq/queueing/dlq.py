@@ -9,21 +9,20 @@ later dead letter, whose task still says failed, is the one to redrive.
 A task whose message agentq dead-letters says ``failed`` before the message reaches the DLQ
 (``queueing.dispatch._failures.retry_or_dead_letter`` writes the failure, then the worker or
 the Lambda sends the message). A listing keeps that true for what it shows: SQS has no peek, so
-it receives the messages, and it reads their tasks' statuses while it still holds them
-(invisible, ``PEEK_SECONDS`` at most). A redrive racing the listing cannot take a message out
-from under it, requeue its task and leave the listing showing a dead letter whose task already
-runs again. The one dead letter whose task may still say running is SQS's own move after
-``sqs_max_receive_count`` receives (reason "moved by SQS after maxReceiveCount", in AWS and on
-moto alike): a message no worker got through the dispatcher, so nothing could write the task's
-failure.
+it receives the messages, and it reads their tasks' statuses while it holds them (invisible,
+``PEEK_SECONDS`` at a time, renewed by a long listing), until it returns. A redrive racing the
+listing cannot take a message out from under it, requeue its task and leave the listing showing
+a dead letter whose task already runs again. The one dead letter whose task may still say
+running is SQS's own move after ``sqs_max_receive_count`` receives (reason "moved by SQS after
+maxReceiveCount", in AWS and on moto alike): a message no worker got through the dispatcher, so
+nothing could write the task's failure.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,38 +59,6 @@ class DeadLetter:
     tenant: str | None = None  # the task's tenant: the HTTP API lists a tenant's own dead letters only
 
 
-@contextlib.contextmanager
-def _peeked(queues: TaskQueues, tier: str, limit: int) -> Iterator[list[dict[str, Any]]]:
-    """Up to ``limit`` messages, held (invisible) while the caller reads them, then made
-    visible again: received, not consumed."""
-    url = queues.dlq_url(tier)
-    seen: dict[str, dict[str, Any]] = {}
-    patience = time.monotonic() + HELD_WAIT_SECONDS
-    try:
-        while len(seen) < limit:
-            resp = queues.sqs.receive_message(
-                QueueUrl=url,
-                MaxNumberOfMessages=min(10, limit - len(seen)),
-                VisibilityTimeout=PEEK_SECONDS,
-                MessageAttributeNames=["All"],
-                AttributeNames=["SentTimestamp"],
-            )
-            batch = resp.get("Messages", [])
-            if not batch:
-                if _held_elsewhere(queues, url, len(seen), patience):
-                    continue
-                break
-            for m in batch:
-                seen.setdefault(m["MessageId"], m)
-        yield list(seen.values())
-    finally:
-        for m in seen.values():
-            with contextlib.suppress(ClientError):
-                queues.sqs.change_message_visibility(
-                    QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
-                )
-
-
 def _held_elsewhere(queues: TaskQueues, url: str, ours: int, patience: float) -> bool:
     """Are messages of this DLQ held by another listing or a redrive (received, not by us)?
     Then wait a moment, until ``patience`` (a monotonic time) at most, and look again: a
@@ -111,39 +78,110 @@ def _held_elsewhere(queues: TaskQueues, url: str, ours: int, patience: float) ->
 
 
 def list_dead_letters(
-    queues: TaskQueues, store: Storage, tier: str | None = None, limit: int = 100
+    queues: TaskQueues, store: Storage, tier: str | None = None, limit: int = 100, tenant: str | None = None
 ) -> list[DeadLetter]:
-    """The dead letters of ``tier`` (every tier by default), each with its task's status as
-    read while the listing held the message (see the module's docstring)."""
+    """The dead letters of ``tier`` (every tier by default) among the first ``limit`` messages of
+    each, each with its task's status as read while the listing held the message (see the
+    module's docstring). ``tenant``: that tenant's only (the HTTP API): a DLQ every tenant shares
+    may hold any number of another tenant's ahead of them, so the caller passes a larger
+    ``limit`` than a listing of everything needs."""
     out: list[DeadLetter] = []
     for t in [tier] if tier else list(TIERS):
-        with _peeked(queues, t, limit) as messages:
-            out += [_dead_letter(store, t, m) for m in messages]
+        out += _listed(queues, store, t, limit, tenant)
     return out
 
 
-def _dead_letter(store: Storage, tier: str, m: dict[str, Any]) -> DeadLetter:
-    reason = m.get("MessageAttributes", {}).get(DEAD_LETTER_REASON, {}).get("StringValue", SQS_MOVED)
-    task_id: str | None = None
-    status: str | None = None
-    tenant: str | None = None
+RENEW_MARGIN_SECONDS = 2  # a listing renews its holds this long before the first would lapse
+
+
+def _listed(queues: TaskQueues, store: Storage, tier: str, limit: int, tenant: str | None) -> list[DeadLetter]:
+    """Receive up to ``limit`` messages, held (invisible) until the end, then made visible
+    again: received, not consumed. Each batch's tasks are read as it comes in (one read for the
+    batch), and a long scan renews its holds before they lapse: what it shows is held from the
+    read of its task's status until it returns, however many messages it looks at."""
+    url = queues.dlq_url(tier)
+    held: dict[str, str] = {}  # message id -> receipt handle
+    letters: dict[str, DeadLetter] = {}
+    tasks: dict[str, Task | None] = {}
+    received = 0
+    patience = time.monotonic() + HELD_WAIT_SECONDS
+    lapse = float("inf")  # when the oldest hold lapses
     try:
-        task_id = TaskMessage.model_validate_json(m["Body"]).task_id
+        while received < limit:
+            if time.monotonic() >= lapse - RENEW_MARGIN_SECONDS:
+                _renew(queues, url, held)
+                lapse = time.monotonic() + PEEK_SECONDS
+            asked = time.monotonic()
+            batch = queues.sqs.receive_message(
+                QueueUrl=url,
+                MaxNumberOfMessages=min(10, limit - received),
+                VisibilityTimeout=PEEK_SECONDS,
+                MessageAttributeNames=["All"],
+                AttributeNames=["SentTimestamp"],
+            ).get("Messages", [])
+            if not batch:
+                if _held_elsewhere(queues, url, len(held), patience):
+                    continue
+                break
+            lapse = min(lapse, asked + PEEK_SECONDS)
+            received += len(batch)
+            held.update((m["MessageId"], m["ReceiptHandle"]) for m in batch)
+            ids = {m["MessageId"]: _task_id(m["Body"]) for m in batch}
+            tasks.update(_read_tasks(store, [t for t in dict.fromkeys(ids.values()) if t and t not in tasks]))
+            for m in batch:
+                letter = _dead_letter(tier, m, ids[m["MessageId"]], tasks)
+                if tenant is None or letter.tenant == tenant:
+                    letters[m["MessageId"]] = letter
+        return list(letters.values())
+    finally:
+        _release(queues, url, held.values(), "a listing")
+
+
+def _renew(queues: TaskQueues, url: str, held: dict[str, str]) -> None:
+    """Hold what a listing holds for another ``PEEK_SECONDS``, ten a call."""
+    receipts = list(held.values())
+    for start in range(0, len(receipts), 10):
+        entries = [
+            {"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": PEEK_SECONDS}
+            for i, r in enumerate(receipts[start : start + 10])
+        ]
+        failed = queues.sqs.change_message_visibility_batch(QueueUrl=url, Entries=entries).get("Failed", [])
+        if failed:  # lapsed and received elsewhere meanwhile: the listing was held up past its hold
+            log.warning("a listing lost its hold on %d dead letter(s) of %s", len(failed), url)
+
+
+def _task_id(body: str) -> str | None:
+    try:
+        return TaskMessage.model_validate_json(body).task_id
     except ValueError:
-        pass
-    task = _task_or_none(store, task_id) if task_id else None
-    if task is not None:
-        status, tenant = task.status.value, task.tenant
+        return None
+
+
+def _dead_letter(tier: str, m: dict[str, Any], task_id: str | None, tasks: dict[str, Task | None]) -> DeadLetter:
+    reason = m.get("MessageAttributes", {}).get(DEAD_LETTER_REASON, {}).get("StringValue", SQS_MOVED)
+    task = tasks.get(task_id) if task_id else None
     return DeadLetter(
         tier=tier,
         message_id=m["MessageId"],
         body=describe_body(m["Body"]),
         reason=reason,
         task_id=task_id,
-        task_status=status,
+        task_status=task.status.value if task else None,
         sent_at=int(m.get("Attributes", {}).get("SentTimestamp", "0")) / 1000,
-        tenant=tenant,
+        tenant=task.tenant if task else None,
     )
+
+
+def _read_tasks(store: Storage, task_ids: list[str]) -> dict[str, Task | None]:
+    """Many tasks in one read (BatchGetItem); None for one gone or unreadable. When one of them
+    is unreadable the read fails as a whole, and each is read alone, so only that one is None."""
+    if not task_ids:
+        return {}
+    try:
+        found = {task.task_id: task for task in store.tasks.get_many(task_ids)}
+    except DETERMINISTIC_FAULTS:
+        return {task_id: _task_or_none(store, task_id) for task_id in task_ids}
+    return {task_id: found.get(task_id) for task_id in task_ids}
 
 
 def _task_or_none(store: Storage, task_id: str) -> Task | None:
@@ -326,10 +364,7 @@ def redrive_for_tenant(
                 break
             seen += len(batch)
             for m in batch:
-                try:
-                    task_id: str | None = TaskMessage.model_validate_json(m["Body"]).task_id
-                except ValueError:
-                    task_id = None
+                task_id = _task_id(m["Body"])
                 if task_id is None or owner(task_id) != tenant:
                     held.append(m["ReceiptHandle"])
                     continue

@@ -2,7 +2,10 @@
 
 A tier's DLQ is shared by every tenant, so both routes see only messages that name one of
 the caller's tasks: the list leaves the others out, and the redrive moves the caller's own
-messages and puts every other one back untouched (``queueing.dlq.redrive_for_tenant``).
+messages and puts every other one back untouched (``queueing.dlq.redrive_for_tenant``). Both
+look at the same first ``MAX_TENANT_REDRIVE`` (1,000) messages of a tier: what the list shows
+the redrive moves, and a tenant's dead letter behind a hundred of another's is listed (and the
+console's Redrive button, disabled on an empty list, can be pressed).
 Messages that name no task (unreadable ones), or a task stored as no code of ours can read,
 belong to no tenant; an operator sees and moves them with ``agentq dlq``, which talks to the
 queues directly.
@@ -18,12 +21,11 @@ from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 
 from agentq.api.models import DeadLetterPage, DeadLetterView, ErrorResponse, RedriveResult
 from agentq.core.models import Priority, TaskStatus
-from agentq.queueing.dlq import list_dead_letters, redrive_for_tenant
+from agentq.queueing.dlq import MAX_TENANT_REDRIVE, list_dead_letters, redrive_for_tenant
 from agentq.queueing.queues import TaskQueues
 from agentq.resources import TIERS
 from agentq.storage.container import Storage
 
-PEEK_LIMIT = 100  # messages looked at per tier for one listing
 JSON = "application/json"
 
 
@@ -41,7 +43,8 @@ def router(store: Storage, queues: TaskQueues, tenant: Callable[[], str]) -> Rou
     @router.get(
         "/dead-letters",
         summary="This tenant's dead letters",
-        description="Per tier, each message's reason and its task's status, oldest first.",
+        description="Per tier, each message's reason and its task's status, oldest first, from the first 1,000 "
+        "messages of the tier's dead-letter queue (the redrive's bound).",
         operation_id="listDeadLetters",
         tags=["dead letters"],
         responses=_responses(DeadLetterPage, (422, "A field is invalid (validation_error); `field` names it")),
@@ -59,8 +62,8 @@ def router(store: Storage, queues: TaskQueues, tenant: Callable[[], str]) -> Rou
                 reason=d.reason,
                 sent_at=d.sent_at,
             )
-            for d in list_dead_letters(queues, store, tier=tier, limit=PEEK_LIMIT)
-            if d.tenant == who and d.task_id and d.task_status
+            for d in list_dead_letters(queues, store, tier=tier, limit=MAX_TENANT_REDRIVE, tenant=who)
+            if d.task_id and d.task_status
         ]
         views.sort(key=lambda v: (TIERS.index(v.tier), v.sent_at, v.message_id))
         return DeadLetterPage(dead_letters=views)
