@@ -5,8 +5,10 @@ checkpoint; the ``agentq dlq`` CLI lists and redrives."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -110,6 +112,36 @@ def test_poison_messages_go_straight_to_the_dlq_with_the_reason_and_write_nothin
         assert queue_depth(queues, queues.dlq_url(tier)) == 0
     assert _table_items(settings, store) == []  # no task, budget, step: nothing written
     assert s3_payloads(store).s3.list_objects_v2(Bucket=settings.bucket).get("KeyCount", 0) == 0
+
+
+def test_a_poison_message_whose_dead_letter_sqs_refuses_goes_to_the_dlq_once_as_a_description_with_the_reason(
+    moto_server: MotoServer,
+) -> None:
+    """SQS may refuse a dead letter as it is: in AWS a body near the size limit, which the
+    ``agentq-reason`` attribute pushes over it (attributes count); here the DLQ's limit is lowered
+    to stand for that, since moto counts the body only. A description of the body (size, digest,
+    first characters, SQS's refusal) goes instead, with the reason, and the original is deleted.
+    Before, the worker's send raised into its thread pool, where the exception was lost: the
+    message was neither deleted nor dead-lettered, was handled again every visibility timeout
+    (6 times in 12 s), and reached the DLQ only by SQS's own move, without a reason."""
+    settings = _deployment(moto_server, visibility_timeout=2)
+    queues = build_queues(settings)
+    queues.sqs.set_queue_attributes(QueueUrl=queues.dlq_url(TIER), Attributes={"MaximumMessageSize": "1024"})
+    body = "x" * 1500
+    queues.sqs.send_message(QueueUrl=queues.url(TIER), MessageBody=body)
+    worker = Worker(settings, WorkerConfig(concurrency=2, max_receive_count=5, visibility_seconds=2))
+    with _running(worker) as applied:
+        _wait_for(lambda: queue_depth(queues, queues.dlq_url(TIER)) == 1, timeout=20, what="a dead letter")
+        time.sleep(5)  # past two visibility timeouts: a message left in the queue is handled again
+    assert [a.kind for _, a in applied] == ["dead_letter"], [(a.kind, a.reason) for _, a in applied]
+    assert queue_depth(queues, queues.url(TIER)) == 0
+    (dead,) = _dlq_messages(queues)
+    reason = dead["MessageAttributes"][DEAD_LETTER_REASON]["StringValue"]
+    assert reason.startswith("poison: not a task message") and "body was refused by the DLQ" in reason, reason
+    described = json.loads(dead["Body"])["refused_body"]
+    assert (described["bytes"], described["sha256"], described["head"]) == (
+        1500, hashlib.sha256(body.encode()).hexdigest(), "x" * 200)  # fmt: skip
+    assert described["refused"].startswith("InvalidParameterValue: "), described
 
 
 # ------------------------------------------------------------ retryable failures

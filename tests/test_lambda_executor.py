@@ -142,3 +142,21 @@ def test_a_record_with_message_attributes_is_handled_and_dead_lettered_with_them
     dlq = queues.sqs.receive_message(QueueUrl=queues.dlq_url("high"), MessageAttributeNames=["All"])["Messages"]
     assert dlq[0]["MessageAttributes"]["origin"]["StringValue"] == "redrive"
     assert dlq[0]["MessageAttributes"]["agentq-reason"]["StringValue"].startswith("poison: not a task message")
+
+
+def test_a_poison_record_whose_dead_letter_sqs_refuses_goes_to_the_dlq_as_a_description_and_is_not_reported_failed(
+    stack: tuple[Settings, Any],
+) -> None:
+    """In AWS the reason attribute can push a body near 256 KB over the DLQ's limit (attributes
+    count); the DLQ's limit lowered stands for that here. Before, the send's refusal failed the
+    record, and the message came back every visibility timeout until SQS moved it, without a
+    reason; a description of it goes instead (``TaskQueues.dead_letter``)."""
+    settings, handler = stack
+    queues = build_queues(settings)
+    queues.sqs.set_queue_attributes(QueueUrl=queues.dlq_url("high"), Attributes={"MaximumMessageSize": "1024"})
+    queues.sqs.send_message(QueueUrl=queues.url("high"), MessageBody="y" * 1500)
+    result, _ = _invoke_like_lambda(handler, queues, "high", timeout_seconds=5)  # type: ignore[misc]
+    assert result["batchItemFailures"] == []
+    dlq = queues.sqs.receive_message(QueueUrl=queues.dlq_url("high"), MessageAttributeNames=["All"])["Messages"]
+    assert json.loads(dlq[0]["Body"])["refused_body"]["bytes"] == 1500
+    assert dlq[0]["MessageAttributes"]["agentq-reason"]["StringValue"].startswith("poison: not a task message")

@@ -96,9 +96,13 @@ def record_handler(record: SQSRecord) -> None:
     if action.kind == "delete":
         return  # success: Lambda deletes the message
     if action.kind == "dead_letter":
-        rt.queues.dead_letter(
-            tier, record.body, action.reason, _sqs_attributes(record), dead_letter_id=action.dead_letter_id
-        )
+        try:
+            rt.queues.dead_letter(
+                tier, record.body, action.reason, _sqs_attributes(record), dead_letter_id=action.dead_letter_id
+            )
+        except Exception as exc:  # neither sent nor deleted: the record fails, and the message comes back
+            logger.exception("could not dead-letter the message; it comes back after its visibility timeout")
+            raise RetryLater(f"dead-letter send failed: {exc}") from exc
         record_dead_letter()
         return
     if action.kind == "retry":

@@ -275,10 +275,14 @@ class Worker:
             self._safe(lambda: self.queues.change_visibility(tier, receipt, action.delay_seconds))
         elif action.kind == "dead_letter":
             log.warning("dead-lettering message on %s: %s", tier, action.reason)
-            self.queues.dead_letter(
-                tier, message["Body"], action.reason, message.get("MessageAttributes"),
-                dead_letter_id=action.dead_letter_id,
-            )  # fmt: skip
+            try:
+                self.queues.dead_letter(
+                    tier, message["Body"], action.reason, message.get("MessageAttributes"),
+                    dead_letter_id=action.dead_letter_id,
+                )  # fmt: skip
+            except Exception:  # not lost in the thread pool: neither sent nor deleted, it comes back
+                log.exception("could not dead-letter a message on %s; it comes back after its visibility timeout", tier)
+                return
             observe.record_dead_letter()
             self._safe(lambda: self.queues.delete(tier, receipt))
 

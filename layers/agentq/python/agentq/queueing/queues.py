@@ -15,16 +15,21 @@ workspace pool (the local stack) nothing changes: one set of queues, every task 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from botocore.exceptions import ClientError
 from pydantic import BaseModel, Field
 
 from agentq.core.models import TaskSubmission
 from agentq.core.workspace import has_workspace
 from agentq.resources import TIERS, ResourceNames
+
+log = logging.getLogger("agentq.queues")
 
 MessageKind = Literal[
     "run",
@@ -46,6 +51,11 @@ DEAD_LETTER_REASON = "agentq-reason"  # message attribute set when agentq dead-l
 # requeues the task only out of that failure, so a copy delivered again after the task failed
 # once more (SQS delivers at least once) leaves that later failure, and its dead letter, alone.
 DEAD_LETTER_ID = "agentq-dead-letter"
+# SQS's refusals of a message as it is (too large, counting its attributes; characters it does
+# not take; an attribute it does not take): the same message sent again is refused again.
+REFUSED_MESSAGE_CODES = frozenset(
+    {"InvalidParameterValue", "InvalidMessageContents", "InvalidAttributeValue", "InvalidAttributeName"}
+)
 
 # SQS's answers to a receipt handle that is no longer ours: the message was deleted through a
 # duplicate's receipt, or our visibility lapsed while we were stopped and another receive took
@@ -199,13 +209,39 @@ class TaskQueues:
         attrs[DEAD_LETTER_REASON] = {"DataType": "String", "StringValue": reason[:1000]}
         if dead_letter_id is not None:
             attrs[DEAD_LETTER_ID] = {"DataType": "String", "StringValue": dead_letter_id}
-        self.sqs.send_message(QueueUrl=self.dlq_url(tier), MessageBody=body, MessageAttributes=attrs)
+        try:
+            self.sqs.send_message(QueueUrl=self.dlq_url(tier), MessageBody=body, MessageAttributes=attrs)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in REFUSED_MESSAGE_CODES:
+                raise  # an outage or throttling: the caller leaves the message, and it comes back
+            # Refused as it is (in AWS, a body near 256 KB that our reason pushes over the limit,
+            # which counts attributes): sending it again would be refused again, and the message
+            # would come back every visibility timeout until SQS's own move took it, without a
+            # reason. A short description of it goes instead, with the reason and only our attributes.
+            log.warning("the %s DLQ refused a message (%s); dead-lettering a description of it", tier, exc)
+            attrs = {k: v for k, v in attrs.items() if k in ours}
+            attrs[DEAD_LETTER_REASON]["StringValue"] = f"{reason[:800]} (its body was refused by the DLQ: replaced)"
+            self.sqs.send_message(QueueUrl=self.dlq_url(tier), MessageBody=stand_in(body, exc), MessageAttributes=attrs)
 
     def change_visibility(self, tier: str, receipt: str, seconds: int) -> None:
         self.sqs.change_message_visibility(QueueUrl=self.url(tier), ReceiptHandle=receipt, VisibilityTimeout=seconds)
 
     def delete(self, tier: str, receipt: str) -> None:
         self.sqs.delete_message(QueueUrl=self.url(tier), ReceiptHandle=receipt)
+
+
+def stand_in(body: str, exc: ClientError) -> str:
+    """What goes to the DLQ instead of a body it refused: its size, its digest, its first
+    characters and why it was refused (a JSON object that is no task message: a redrive of it
+    comes back as poison)."""
+    error = exc.response.get("Error", {})
+    refused = {
+        "bytes": len(body.encode("utf-8", "surrogatepass")),
+        "sha256": hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest(),
+        "head": body[:200],
+        "refused": f"{error.get('Code', '')}: {error.get('Message', '')}"[:300],
+    }
+    return json.dumps({"refused_body": refused})
 
 
 def describe_body(body: str) -> str:
