@@ -435,14 +435,18 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 return
             streamed = isinstance(body, dict) and body.get("stream") is True
             message = reply.status == 200 and isinstance(reply.body, dict) and reply.body.get("type") == "message"
-            if streamed and message:
-                if not self._send_stream(reply):
+            try:
+                if streamed and message:
+                    if not self._send_stream(reply):
+                        return
+                elif reply.gate is not None and not reply.gate.hold(self.connection):
+                    self.close_connection = True  # its client hung up: nothing sent, nothing delivered
                     return
-            elif reply.gate is not None and not reply.gate.hold(self.connection):
-                self.close_connection = True  # its client hung up: nothing sent, nothing delivered
-                return
-            else:
-                self._send(reply)
+                else:
+                    self._send(reply)
+            except (BrokenPipeError, ConnectionResetError):  # its client went (a worker killed mid-reply)
+                self.close_connection = True
+                return  # not delivered whole: not counted, as a reply cut at a gate
             if reply.cut_at is not None:
                 if message and api.on_cut is not None:
                     assert isinstance(reply.body, dict)
