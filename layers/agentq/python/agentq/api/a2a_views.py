@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from agentq.api.cursors import fitting
 from agentq.core.a2a_states import state_name
 from agentq.core.models import Task, TaskStatus
 from agentq.core.records import ApprovalRecord
@@ -165,11 +166,6 @@ def history(store: Storage, task: Task, length: int | None, *, budget: int = HIS
                                     for m in store.messages.listed(task.task_id, after=first - 1, upto=received)]  # fmt: skip
     if want > received:
         items.insert(0, (task.submission.goal, f"{task.task_id}-goal"))
-    kept: list[tuple[str, str]] = []
-    size = 0
-    for text, message_id in reversed(items):
-        size += len(json.dumps(text)) + 200  # the text escaped, and the message's ids around it
-        if size > budget and kept:
-            break
-        kept.append((text, message_id))
-    return [user_message(task, text, message_id) for text, message_id in reversed(kept)]
+    # the latest first: each text escaped, and the message's ids around it
+    kept = fitting((len(json.dumps(text)) + 200 for text, _ in reversed(items)), budget)
+    return [user_message(task, text, message_id) for text, message_id in items[len(items) - kept :]]

@@ -1,6 +1,6 @@
 """The page cursors of the API's listings (``GET /tasks``, a trace, a memory store's documents):
 opaque base64url JSON that names its listing, and ``InvalidCursor`` (400) for any cursor this API
-did not issue."""
+did not issue; and ``fitting``, how much of a page fits one answer."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import base64
 import binascii
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from agentq.api.models import (
@@ -24,6 +25,19 @@ class InvalidCursor(ValidationError):
 
 
 # ------------------------------------------------------------------ cursors
+
+
+def fitting(sizes: Iterable[int], budget: int) -> int:
+    """How many of a page's items, in order, whose JSON sizes are ``sizes`` (read lazily, until
+    the cut), fit ``budget`` bytes together, and never none: one item may pass it alone. A
+    Lambda's answer may not pass 6 MB, so a listing of long texts stops at its byte budget."""
+    kept = total = 0
+    for size in sizes:
+        total += size
+        if kept and total > budget:
+            break
+        kept += 1
+    return kept
 
 
 def encode_cursor(kind: str, value: Any) -> str:

@@ -10,7 +10,7 @@ import math
 import time
 from typing import Any, Literal
 
-from agentq.api.cursors import InvalidCursor, decode_cursor, encode_cursor
+from agentq.api.cursors import InvalidCursor, decode_cursor, encode_cursor, fitting
 from agentq.api.models import (
     TRACE_PAGE_BYTES,
     TRACE_TEXT_CHARS,
@@ -302,17 +302,6 @@ def _trace_cursor(task: Task, value: Any) -> tuple[Key, int]:
     return (float(at), rank, number, index), step
 
 
-def _within_bytes(events: list[tuple[Key, Any]]) -> list[tuple[Key, Any]]:
-    """The first of ``events`` whose JSON (escaped, as the API sends it) fits ``TRACE_PAGE_BYTES``,
-    and never none: a tool call's input is kept whole, so one event may be large alone."""
-    size = 0
-    for n, (_, event) in enumerate(events):
-        size += len(json.dumps(event.model_dump(mode="json")))
-        if size > TRACE_PAGE_BYTES and n:
-            return events[:n]
-    return events
-
-
 def trace_page(store: Storage, task: Task, *, limit: int, cursor: str | None) -> TracePage:
     """A page of the task's events in commit order.
 
@@ -341,7 +330,8 @@ def trace_page(store: Storage, task: Task, *, limit: int, cursor: str | None) ->
     events.extend(_side_events(store, task))
     events.sort(key=lambda e: e[0])
     ready = [e for e in events if (after is None or e[0] > after) and (horizon is None or e[0] <= horizon)]
-    page = _within_bytes(ready[:limit])
+    first = ready[:limit]  # and fewer once they pass TRACE_PAGE_BYTES (a tool call's input is kept whole)
+    page = first[: fitting((len(json.dumps(ev.model_dump(mode="json"))) for _, ev in first), TRACE_PAGE_BYTES)]
     more = len(ready) > len(page) or not exhausted
     next_cursor = None
     if page and more:

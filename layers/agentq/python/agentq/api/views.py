@@ -13,6 +13,7 @@ import json
 from agentq.api.cursors import InvalidCursor as InvalidCursor
 from agentq.api.cursors import decode_cursor as decode_cursor
 from agentq.api.cursors import encode_cursor as encode_cursor
+from agentq.api.cursors import fitting
 from agentq.api.models import (
     MESSAGE_PAGE_BYTES,
     MessageList,
@@ -125,14 +126,10 @@ def message_page(store: Storage, task_id: str, tenant: str, *, limit: int, curso
             raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
         after = seq
     task, messages = conversations.messages(store, task_id, tenant=tenant, after=after, limit=limit)
-    page: list[MessageView] = []
-    size = 0
-    for m in messages:
-        size += len(json.dumps(m.text))  # escaped as the answer escapes it (ASCII), or longer
-        if page and size > MESSAGE_PAGE_BYTES:
-            break
-        page.append(MessageView(message_id=m.message_id, seq=m.seq, text=m.text, sent_at=m.sent_at,
-                                delivered=m.seq <= task.messages_delivered))  # fmt: skip
+    # each text escaped as the answer escapes it (ASCII), or longer
+    shown = messages[: fitting((len(json.dumps(m.text)) for m in messages), MESSAGE_PAGE_BYTES)]
+    page = [MessageView(message_id=m.message_id, seq=m.seq, text=m.text, sent_at=m.sent_at,
+                        delivered=m.seq <= task.messages_delivered) for m in shown]  # fmt: skip
     last = page[-1].seq if page else after
     more = last < task.messages_received
     return MessageList(
