@@ -32,6 +32,25 @@ MANIFEST_VERSION = 1
 MAX_DEPTH = 128  # directories below the root a workspace may nest (the scan holds one descriptor each)
 
 
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` (a name, a link target) is what its bytes were, as UTF-8: Python reads
+    other bytes (from the disk, from tarfile) as lone surrogates, which the manifest, the files
+    API's JSON and every later scan cannot encode, so a workspace keeps text names only."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def escaped(text: str) -> str:
+    """``text`` with the bytes that are not UTF-8 written ``\\xNN``: a message may name it."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no byte was read as (from the request itself)
+        return text.encode("utf-8", "backslashreplace").decode()
+
+
 class WorkspaceRef(BaseModel):
     """What a step (and META) records of the workspace it left: the manifest's hash and size."""
 

@@ -26,7 +26,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 
-from agentq.core.workspace import MAX_DEPTH, Entry, Manifest
+from agentq.core.workspace import MAX_DEPTH, Entry, Manifest, escaped, is_utf8
 
 MAX_ARCHIVE_FILES = 100_000  # members of every kind
 MAX_ARCHIVE_BYTES = 128 * 1024 * 1024  # unpacked content, held in the API's memory while it is stored
@@ -60,9 +60,9 @@ def _name(raw: str) -> str:
     while name.startswith("./"):
         name = name[2:]
     name = name.rstrip("/")
-    if not _utf8(raw):
+    if not is_utf8(raw):
         raise ArchiveRefused(
-            f"member '{_escaped(raw)[:200]}': its name is not UTF-8 (a workspace keeps text names only)"
+            f"member '{escaped(raw)[:200]}': its name is not UTF-8 (a workspace keeps text names only)"
         )
     if "\\" in raw or "\x00" in raw:
         raise ArchiveRefused(f"member {raw[:200]!r}: a backslash or NUL in a name")
@@ -76,25 +76,6 @@ def _name(raw: str) -> str:
     if len(parts) > MAX_DEPTH:
         raise ArchiveRefused(f"member {raw[:200]!r}: more than {MAX_DEPTH} directories deep")
     return name
-
-
-def _utf8(text: str) -> bool:
-    """Whether ``text`` is what its bytes were, as UTF-8: tarfile reads other bytes as lone
-    surrogates, which the manifest, the files API's JSON and every later scan cannot encode, so an
-    archive holding one would be stored and then fail every task that starts from it."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _escaped(text: str) -> str:
-    """``text`` with the bytes that are not UTF-8 written ``\\xNN``: a message may name it."""
-    try:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    except UnicodeEncodeError:  # a surrogate no byte was read as (from the request itself)
-        return text.encode("utf-8", "backslashreplace").decode()
 
 
 def _inside(path: str, target: str) -> bool:
@@ -165,8 +146,8 @@ class _Builder:
         self._parents(name)
         if name in self.entries:
             raise ArchiveRefused(f"member {name!r} appears twice (or is also a directory)")
-        if not _utf8(target):
-            raise ArchiveRefused(f"member {name!r}: a symbolic link to '{_escaped(target)[:200]}', which is not UTF-8")
+        if not is_utf8(target):
+            raise ArchiveRefused(f"member {name!r}: a symbolic link to '{escaped(target)[:200]}', which is not UTF-8")
         if not _inside(name, target):
             raise ArchiveRefused(f"member {name!r}: a symbolic link to {target[:200]!r} leads outside the root")
         self.explicit.add(name)

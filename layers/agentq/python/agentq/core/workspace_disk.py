@@ -43,6 +43,8 @@ from agentq.core.workspace import (
     WorkspaceRestoreFailed,
     WorkspaceTooLarge,
     WorkspaceUnscannable,
+    escaped,
+    is_utf8,
 )
 from agentq.core.workspace_scrub import MAX_REWRITE_BYTES, OVERLAP, Scrub
 from agentq.core.workspace_stream import CHUNK, VerifiedFile, each, fill
@@ -191,14 +193,11 @@ def _utf8(text: str, what: str, shown: Callable[[str], str], rel: str | None = N
     it with its bytes escaped if it is not UTF-8: the manifest, the API's JSON and the archives
     hold text only, and Python reads such bytes as lone surrogates, which no encoder takes (so
     the turn that made it is undone, as for any entry the workspace cannot keep)."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        escaped = shown(os.fsencode(text).decode("utf-8", "backslashreplace"))
+    if not is_utf8(text):
         where = "" if rel is None else f" of {shown(rel)!r}"  # ``rel`` itself was checked first
         raise WorkspaceUnscannable(
-            f"the {what}{where} '{escaped}' is not UTF-8; a workspace keeps text names only"
-        ) from None
+            f"the {what}{where} '{shown(escaped(text))}' is not UTF-8; a workspace keeps text names only"
+        )
     return text
 
 
