@@ -17,8 +17,8 @@ its callback, its dependents, its slots), so one whose run had ended is handed o
 redelivery does what the dead worker had not, at once rather than when the claimed message's
 long visibility ran out (``held_visibility_seconds``, 10 minutes). A message that cannot
 be made visible (deleted, or received again since) is replaced by a fresh one. The sweeper does
-the same for workers whose liveness lapsed by the wall clock when no live worker is left to
-notice (``recover_lapsed``).
+the same when no live worker is left to notice (``recover_lapsed``): its wall clock only names
+suspects, and a suspect is dead when its beat stood still from one of its passes to a later one.
 
 A recovery that dies half way leaves the peer marked and its item in place: the sweeper's
 pass finishes it (``recover_lapsed`` recovers marked items too).
@@ -109,11 +109,24 @@ def _make_visible(queues: TaskQueues, tier: str, metas: list[dict[str, object]])
 
 
 def recover_lapsed(store: Storage, queues: TaskQueues, now: float | None = None) -> list[str]:
-    """The sweeper's pass: recover every worker whose liveness lapsed by the wall clock (by more
-    than the skew allowance), or whose recovery was left half done."""
+    """The sweeper's pass: recover every worker whose beat stood still since an earlier pass
+    marked it a suspect, or whose recovery was left half done.
+
+    The wall clock (``alive_until`` past by more than the skew allowance) only names suspects:
+    it compares the worker's clock with the sweeper's, so on its own it would take a live worker
+    whose clock is behind for dead. Death is its beat not moving for the worker's liveness period
+    (at least the skew allowance) by the sweeper's own clock, from one pass to a later one
+    (``storage.workers``), as a peer judges it (``PeerWatch``)."""
     now = time.time() if now is None else now
+    workers = store.tasks.workers
     ids: list[str] = []
-    for peer in store.tasks.workers.peers():
-        if peer.recovered or peer.alive_until + SKEW_ALLOWANCE_SECONDS < now:
+    for peer in workers.peers():
+        if peer.recovered:
             ids += recover(store, queues, peer)
+        elif peer.alive_until + SKEW_ALLOWANCE_SECONDS < now:
+            still = peer.suspect_beat == peer.beat and peer.suspect_at is not None
+            if still and now - (peer.suspect_at or 0.0) >= max(SKEW_ALLOWANCE_SECONDS, peer.period):
+                ids += recover(store, queues, peer)
+            elif not still:
+                workers.suspect(peer, now)
     return ids

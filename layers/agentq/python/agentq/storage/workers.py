@@ -18,6 +18,14 @@ asks: the owner's item is gone, moved to another epoch, marked recovered, or (fo
 that never observed it, such as a Lambda slice) its ``alive_until`` is older than
 ``SKEW_ALLOWANCE_SECONDS`` by the claimant's clock.
 
+The sweeper, the backstop when every watcher died too, runs on another host every few minutes
+and keeps no memory between passes, so it cannot watch a beat on a clock of its own the way a
+peer does. Its wall clock only picks *suspects* (``alive_until`` older than the skew allowance):
+it marks each with the beat it saw and when, by its own clock (``suspect``), and a later pass
+declares the worker dead only if the beat has not moved since, a liveness period and the skew
+allowance later by the same sweeper's clock. A live worker whose clock is a minute behind beats
+on and stays a suspect forever, never dead; a write per pass per suspect is what it costs.
+
 Who watches whom: each worker reads only the ``WATCHED_PEERS`` workers after it in the order of
 worker ids, wrapping around (``successors``: one Query of at most that many items after its own,
 a second from the start when it is among the last, one Query of the partition in a fleet that
@@ -78,6 +86,10 @@ class PeerBeat:
     beat: int
     alive_until: float
     recovered: bool
+    # The sweeper's mark (``WorkerLiveness.suspect``): the beat it saw and when, by its clock.
+    suspect_beat: int | None = None
+    suspect_at: float | None = None
+    period: float = 0.0  # the liveness period the worker renews for (0: an item from before it)
 
 
 @dataclass(frozen=True)
@@ -107,6 +119,9 @@ def _beat(item: Item) -> PeerBeat:
         beat=int(d.get("beat", 0)),
         alive_until=float(d.get("alive_until", 0)),
         recovered=d.get("recovered") is not None,
+        suspect_beat=int(d["suspect_beat"]) if d.get("suspect_beat") is not None else None,
+        suspect_at=float(d["suspect_at"]) if d.get("suspect_at") is not None else None,
+        period=float(d.get("period", 0)),
     )
 
 
@@ -128,7 +143,9 @@ class WorkerLiveness:
         under an older epoch stays claimable once a newer one replaced it."""
         now = time.time()
         epoch = time.time_ns() // 1000
-        self.table.put({**_key(worker), "epoch": epoch, "beat": 0, "alive_until": _time(now + seconds)})
+        self.table.put(
+            {**_key(worker), "epoch": epoch, "beat": 0, "alive_until": _time(now + seconds), "period": _time(seconds)}
+        )
         return WorkerLife(worker, epoch, 0, now + seconds)
 
     def renew(self, life: WorkerLife, seconds: float) -> WorkerLife:
@@ -185,6 +202,19 @@ class WorkerLiveness:
             self.table.update(
                 _key(peer.worker),
                 Update(set={"recovered": _time(time.time())}),
+                condition=Attr("epoch").eq(peer.epoch) & Attr("beat").eq(peer.beat) & Attr("recovered").not_exists(),
+            )
+        except ConditionFailed:
+            return False
+        return True
+
+    def suspect(self, peer: PeerBeat, now: float) -> bool:
+        """Mark ``peer`` as the sweeper saw it (its beat, and ``now`` by the sweeper's clock), if
+        its beat has not moved since it was read: what a later pass compares with."""
+        try:
+            self.table.update(
+                _key(peer.worker),
+                Update(set={"suspect_beat": peer.beat, "suspect_at": _time(now)}),
                 condition=Attr("epoch").eq(peer.epoch) & Attr("beat").eq(peer.beat) & Attr("recovered").not_exists(),
             )
         except ConditionFailed:
