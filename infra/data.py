@@ -18,7 +18,6 @@ from constructs import Construct
 
 from agentq.queueing.queues import pooled
 from agentq.resources import (
-    PAYLOAD_PREFIX,
     TABLE_ATTRIBUTES,
     TABLE_GSIS,
     TABLE_KEY_SCHEMA,
@@ -117,7 +116,12 @@ def _table(scope: Construct, cfg: EnvironmentSettings) -> dynamodb.Table:
 
 
 def _buckets(scope: Construct, cfg: EnvironmentSettings) -> tuple[s3.Bucket, s3.Bucket]:
-    """The payload bucket (offloaded bodies under ``PAYLOAD_PREFIX``, expiring), and its access logs'."""
+    """The payload bucket (offloaded bodies under ``PAYLOAD_PREFIX``), and its access logs'.
+
+    No lifecycle rule expires ``PAYLOAD_PREFIX``: a task's payloads go with the task (the reaper,
+    when its record expires; ``agentq purge``), never by their age, since a task may live on past
+    any age counted from an object's creation (a conversation reopened, a pause): a committed
+    step's files are never lost."""
     removal = removal_policy(cfg)
     # Server access logs of the payload bucket. It cannot log to itself (a loop), which is the
     # one cdk-nag S1 acknowledgement in infra/nag.py.
@@ -146,11 +150,6 @@ def _buckets(scope: Construct, cfg: EnvironmentSettings) -> tuple[s3.Bucket, s3.
         server_access_logs_bucket=access_logs,
         server_access_logs_prefix="payloads/",
         lifecycle_rules=[
-            s3.LifecycleRule(
-                id="expire-task-payloads",
-                prefix=PAYLOAD_PREFIX,
-                expiration=cdk.Duration.days(cfg.payload_expiration_days),
-            ),
             s3.LifecycleRule(
                 id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=cdk.Duration.days(1)
             ),

@@ -23,7 +23,7 @@ from agentq.control.defaults import fair_limit
 from agentq.core.flow import FlowSettings
 from agentq.core.model_ids import model_family
 from agentq.resources import TIERS, QueueSettings, ResourceNames
-from infra.budget_settings import MAX_TASK_SECONDS, BudgetDefaults
+from infra.budget_settings import BudgetDefaults
 from infra.live_settings import LiveSettings
 from infra.workspace_settings import ScalingStep, WorkspaceSettings
 
@@ -328,7 +328,6 @@ class EnvironmentSettings(_Strict):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_retention_days: int = 30
     task_retention_days: int = Field(30, ge=1, description="terminal tasks expire (TTL expires_at) after this")
-    payload_expiration_days: int = Field(45, ge=1, description="S3 payloads under tasks/ expire after this")
     max_receive_count: int = Field(5, ge=1, le=1000)
     queue_retention_seconds: int = Field(QueueSettings().retention_seconds, ge=60, le=1_209_600)
     dlq_retention_seconds: int = Field(QueueSettings().dlq_retention_seconds, ge=60, le=1_209_600)
@@ -381,18 +380,22 @@ class EnvironmentSettings(_Strict):
         None, description="an OIDC issuer whose JWTs authenticate end users; null: API keys only"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        """A setting an older cdk.json may still hold, refused with what replaced it."""
+        if isinstance(data, dict) and "payload_expiration_days" in data:
+            raise ValueError(
+                "payload_expiration_days was removed: a task's S3 payloads are deleted with the task (the "
+                "reaper, when its record expires), never by their age, which lost the payloads of live tasks "
+                "(a conversation reopened, a task paused) past it; delete the key"
+            )
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> EnvironmentSettings:
         if self.log_retention_days not in LOG_RETENTION_DAYS:
             raise ValueError(f"log_retention_days must be one of {LOG_RETENTION_DAYS}")
-        # A live task's payloads must outlive it: the longest task plus the retention of its
-        # terminal record (after which its steps are no longer read), with a day of slack.
-        needed = self.task_retention_days + MAX_TASK_SECONDS // 86400 + 1
-        if self.payload_expiration_days < needed:
-            raise ValueError(
-                f"payload_expiration_days must be at least task_retention_days + 2 ({needed}): "
-                "a payload may not expire before the task that points at it"
-            )
         if self.dlq_retention_seconds < self.queue_retention_seconds:
             raise ValueError("dlq_retention_seconds must not be shorter than queue_retention_seconds")
         capacity, runs = self.budget_defaults.fleet_capacity, self.fleet_runs()

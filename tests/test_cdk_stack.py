@@ -176,7 +176,7 @@ def test_an_unknown_environment_is_refused_with_the_known_ones_named() -> None:
     [
         ({"executor": {"reserved_concurrency": 4}}, "tier_max_concurrency adds up past executor.reserved_concurrency"),
         ({"executor": {"lease_seconds": 90}}, "lease_seconds must be below executor.visibility_seconds"),
-        ({"payload_expiration_days": 2}, "payload_expiration_days must be at least"),
+        ({"payload_expiration_days": 45}, "payload_expiration_days was removed"),  # an older cdk.json's
         ({"user_code": {"package_dir": "src", "tool_modules": []}}, "tool_modules"),
         ({"worker": {"heartbeat_seconds": 60}}, "heartbeat_seconds < lease_seconds < visibility_seconds"),
         ({"log_retention_days": 10}, "log_retention_days must be one of"),
@@ -278,10 +278,9 @@ def test_the_table_lists_a_tenants_unfinished_tasks_by_their_scopes_for_the_stop
     assert "dynamodb:Query" in _as_list(table_grant["Action"])
 
 
-def test_payload_bucket_is_private_encrypted_tls_only_and_expires_payloads(
+def test_payload_bucket_is_private_encrypted_tls_only_and_never_expires_a_payload_by_its_age(
     synth: Synthesized, template: assertions.Template
 ) -> None:
-    cfg = settings_of(synth.env_name)
     template.has_resource_properties(
         "AWS::S3::Bucket",
         {
@@ -290,10 +289,11 @@ def test_payload_bucket_is_private_encrypted_tls_only_and_expires_payloads(
                 "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True,
             },
             "LoggingConfiguration": Match.object_like({"LogFilePrefix": "payloads/"}),
+            # Only unfinished uploads are aborted: no rule expires a task's payloads by their age,
+            # which would lose a live task's (a conversation reopened past it); the reaper deletes
+            # them with the task.
             "LifecycleConfiguration": {
-                "Rules": Match.array_with(
-                    [Match.object_like({"Prefix": "tasks/", "ExpirationInDays": cfg.payload_expiration_days, "Status": "Enabled"})]
-                )
+                "Rules": [{"Id": "abort-incomplete-uploads", "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}, "Status": "Enabled"}]
             },
         },
     )  # fmt: skip

@@ -114,7 +114,7 @@ def _reaching_workspace_content(synth: Synthesized) -> set[str]:
     ``tasks/`` prefix: not the whole bucket, not another bucket."""
     (bucket,) = [
         lid for lid, b in synth.resources("AWS::S3::Bucket").items()
-        if "expire-task-payloads" in json.dumps(b["Properties"].get("LifecycleConfiguration", {}))
+        if b["Properties"].get("LoggingConfiguration", {}).get("LogFilePrefix") == "payloads/"
     ]  # fmt: skip
     reaching = set()
     for owner, (allowed, denied) in _object_grants(synth).items():

@@ -255,7 +255,7 @@ def _decides(statements: list[dict[str, Any]], action: str, arn: str, names: dic
 def _payload_bucket(synth: Synthesized) -> str:
     (bucket,) = [
         lid for lid, b in synth.resources("AWS::S3::Bucket").items()
-        if "expire-task-payloads" in json.dumps(b["Properties"].get("LifecycleConfiguration", {}))
+        if b["Properties"].get("LoggingConfiguration", {}).get("LogFilePrefix") == "payloads/"
     ]  # fmt: skip
     return bucket
 
