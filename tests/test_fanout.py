@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from agentq.control.submit import submit
+from agentq.core import faults
 from agentq.core.models import LLMStep, Task, TaskStatus, ToolsStep
 from agentq.queueing.dlq import list_dead_letters
 from agentq.runtime import build_registry
@@ -218,8 +219,11 @@ def test_a_child_past_its_deadline_becomes_timeout_and_a_child_over_budget_keeps
     assert greedy_budget.used <= 1500  # a child never spends past its share
 
 
-def test_a_parent_killed_mid_spawn_resumes_without_duplicating_children(stack: LocalStack) -> None:
-    """SIGKILL right after the SPAWN record (shares taken, children not yet written)."""
+@pytest.mark.parametrize("point", [p for p in faults.CRASH_POINTS if "spawn" in p])
+def test_a_parent_killed_mid_spawn_resumes_without_duplicating_children(stack: LocalStack, point: str) -> None:
+    """SIGKILL at each point of the spawn: right after the SPAWN record (shares taken, children
+    not yet written: the successor writes them), and after the children and the record are
+    written (the successor starts the fan-out)."""
     import os
     import signal
 
@@ -239,7 +243,7 @@ def test_a_parent_killed_mid_spawn_resumes_without_duplicating_children(stack: L
     ]
     root = store.tasks.create(scripted(turns, tools=["spawn_subagents"], max_tokens=30_000), tenant="t")
     proc = run_agentq(
-        ["run-task", root.task_id, "--lease", "1"], env=stack.env(AGENTQ_CRASH_AT="after_spawn_record:1"), timeout=60
+        ["run-task", root.task_id, "--lease", "1"], env=stack.env(AGENTQ_CRASH_AT=f"{point}:1"), timeout=60
     )  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     time.sleep(1.1)
