@@ -223,7 +223,8 @@ def test_a_child_past_its_deadline_becomes_timeout_and_a_child_over_budget_keeps
 def test_a_parent_killed_mid_spawn_resumes_without_duplicating_children(stack: LocalStack, point: str) -> None:
     """SIGKILL at each point of the spawn: right after the SPAWN record (shares taken, children
     not yet written: the successor writes them), and after the children and the record are
-    written (the successor starts the fan-out)."""
+    written (the successor starts the fan-out). A worker paused there instead and woken after
+    its successor is tests/test_zombie_spawn.py."""
     import os
     import signal
 

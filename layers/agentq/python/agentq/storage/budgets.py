@@ -81,6 +81,7 @@ from agentq.storage.budget_patches import (
 from agentq.storage.events import NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
+    Check,
     ConditionFailed,
     Patch,
     Table,
@@ -407,12 +408,13 @@ class Budgets:
             Attr("available").gte(total) & money_covers(total_micros),
         )
 
-    def settle_child(self, parent_budget_id: str, child_id: str) -> None:
+    def settle_child(self, parent_budget_id: str, child_id: str, *, lease: Lease | None = None) -> None:
         """Close a child's budget and fold what its subtree spent into the parent's, once.
 
         The share was moved to the parent's ``reserved`` at spawn; now ``reserved`` gives it
         back, ``used`` takes the child's real usage and the rest is available again. The
-        ``budget_settled`` flag makes a repeat (a resumed parent) a no-op.
+        ``budget_settled`` flag makes a repeat (a resumed parent) a no-op. ``lease``: the
+        parent's worker folds it, fenced (a zombie folds nothing); a cancel is not a worker's.
         """
         for _ in range(5):
             child = self.get(child_id)
@@ -449,10 +451,13 @@ class Budgets:
                     }
                 ),
             )
+            fenced = [Check("lease", keys.meta_key(lease.task_id), fence(lease))] if lease is not None else []
             try:
-                self.table.transact([close, fold])
+                self.table.transact([close, merge("parent", fold, *fenced)])  # the parent's budget is on its META
                 return
             except TransactionCancelled as exc:
+                if lease is not None and "parent" in exc.failed:
+                    raise why_fenced(self.table, lease) from exc
                 if "child" not in exc.failed:
                     raise
         raise RuntimeError(f"could not settle the budget of child {child_id}: it keeps changing")

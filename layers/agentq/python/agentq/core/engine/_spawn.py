@@ -126,7 +126,7 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
         assert record is not None
         task, spawn_id = self.s.task, self.spawn_use["id"]
         if record.state == "creating":  # a crash cut the child writes short: redo them
-            self.ports.spawns.write_children(task, spawn_id, record.plans)
+            self.ports.spawns.write_children(self.s.lease, task, spawn_id, record.plans)
         children = self.ports.tasks.get_many(record.children)
         if not record.execution_arn:
             arn = self.fanout.start(
@@ -135,7 +135,7 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
                 children=[(c.task_id, c.submission.constraints.timeout_seconds) for c in children],
                 max_concurrency=record.max_concurrency,
             )
-            self.ports.spawns.mark(task.task_id, spawn_id, execution_arn=arn)
+            self.ports.spawns.mark(task.task_id, spawn_id, lease=self.s.lease, execution_arn=arn)
         if not record.woken and not all(c.status.terminal for c in children):
             self.ports.tasks.transition(task.task_id, TaskStatus.WAITING, lease=self.s.lease)
             self.s.task = task.model_copy(update={"status": TaskStatus.WAITING})
@@ -157,7 +157,7 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
                 except IllegalTransition:
                     ended = self.ports.tasks.get(child.task_id)
                     timed_out = ended.status is TaskStatus.TIMED_OUT or not ended.status.terminal
-            self.ports.budgets.settle_child(task.budget_id, child.task_id)
+            self.ports.budgets.settle_child(task.budget_id, child.task_id, lease=self.s.lease)
             changes = self.changes(ended) if self.changes is not None else None
             entries.append(child_outcome(ended, timed_out=timed_out, changes=changes))
         spawn_outcome = ToolOutcome(
