@@ -72,6 +72,11 @@ def _items(store: Storage, root_id: str, children: list[str]) -> dict[str, Any]:
     return found
 
 
+def _let_go(item: dict[str, Any] | None) -> bool:
+    """No worker holds it any more: no owner, no running slot."""
+    return item is None or ("owner_worker" not in item and not item.get("slots"))
+
+
 def _fields_changed(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
     """Each attribute that differs: (before, after)."""
     b, a = before or {}, after or {}
@@ -112,7 +117,12 @@ def test_a_parent_paused_in_its_spawn_and_woken_after_its_successor_finished_wri
         assert [(c.status, c.step) for c in ended] == [(TaskStatus.SUCCEEDED, 1)] * 2
         budget = store.budgets.get(root.task_id)
         assert budget.reserved == 0 and budget.available == budget.cap - budget.used
-        before = _items(store, root.task_id, children)
+        # The workers let each task go after its end (slots given back, the owner's marks gone):
+        # what the zombie may not change is what is stored once nothing else writes.
+        before = wait_for(
+            lambda: (i := _items(store, root.task_id, children)) and all(_let_go(v) for v in i.values()) and i,
+            what="the workers letting the tasks go",
+        )
     finally:
         os.kill(zombie.pid, signal.SIGCONT)
     out, err = zombie.communicate(timeout=60)
