@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from agentq.core.tools import ToolContext, ToolExecution, ToolRegistry, default_registry, idempotency_key_for
-from agentq.core.tools.fetch import FetchPolicy, HostRule, refusal
+from agentq.core.tools.addresses import refusal
+from agentq.core.tools.fetch import FetchPolicy, HostRule
 from agentq.runtime import Settings, build_registry
 
 

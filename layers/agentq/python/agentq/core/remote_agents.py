@@ -31,15 +31,14 @@ from pydantic import BaseModel, Field
 from agentq.core.errors import AgentqError, ValidationError
 from agentq.core.models import RemoteAgentRef
 from agentq.core.tools._core import ToolSpec
+from agentq.core.tools.addresses import IPAddress, refusal
 from agentq.core.tools.fetch import (
     Deadline,
     FetchRefused,
     HostRule,
-    IPAddress,
     Target,
     _getaddrinfo,
     parse_target,
-    refusal,
 )
 from agentq.core.vault import valid_name
 

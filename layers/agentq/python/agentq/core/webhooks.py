@@ -26,16 +26,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agentq.core.errors import ValidationError
+from agentq.core.tools.addresses import IPAddress, refusal
 from agentq.core.tools.fetch import (
     Deadline,
     FetchRefused,
     HostRule,
-    IPAddress,
     Target,
     _connection,
     _getaddrinfo,
     parse_target,
-    refusal,
 )
 
 ALLOW_VARIABLE = "AGENTQ_WEBHOOK_ALLOW"
