@@ -33,6 +33,7 @@ from agentq.core.tools.egress import DROPPED_HEADERS, EgressProxy
 from agentq.core.tools.fetch import FetchPolicy, HostRule
 from agentq.core.tools.mcp import McpServerConfig, McpServers
 from agentq.core.vault import (
+    Credential,
     CredentialRefused,
     CredentialUnavailable,
     CredentialWrite,
@@ -123,6 +124,14 @@ def test_a_narrow_binding_matches_its_hosts_only_on_its_ports() -> None:
     assert [str(HostBinding.parse(h)) for h in NARROW] == NARROW
 
 
+# A value around which a server trims whitespace (a field value excludes it, RFC 9110 5.5), and one
+# it reads otherwise: a Latin-1 letter (one byte a UTF-8 reader echoes as U+FFFD), one past Latin-1
+# (no header carries it), a space inside (where a server may end a token).
+PADDED = ["s3cr3t-value-123 ", " s3cr3t-value-123", "s3cr3t-value-123\u3000", "\u00a0s3cr3t-value-123"]
+NOT_VISIBLE = ["s3cr3t-v\u00e4lue-123", "s3cr3t-v\u4e01lue-123", "s3cr3t value-123"]
+KINDS = [("bearer", {}), ("api_key", {}), ("basic", {"username": "ann"})]
+
+
 @pytest.mark.parametrize(
     ("fields", "field"),
     [
@@ -137,6 +146,8 @@ def test_a_narrow_binding_matches_its_hosts_only_on_its_ports() -> None:
         ({"value": " " * 8}, "value"),
         ({"value": "function"[:4] * 4}, "value"),
         ({"value": "\u00a0-=-=\u3000=-=-\u2003"}, "value"),
+        *(({"kind": kind, "value": value, **extra}, "value") for kind, extra in KINDS for value in PADDED),
+        *(({"kind": kind, "value": value}, "value") for kind in ("bearer", "api_key") for value in NOT_VISIBLE),
     ],
 )
 def test_a_bad_write_is_refused_naming_the_field_and_never_echoes_the_value(fields: dict[str, Any], field: str) -> None:
@@ -144,6 +155,16 @@ def test_a_bad_write_is_refused_naming_the_field_and_never_echoes_the_value(fiel
     with pytest.raises(Exception) as caught:
         CredentialWrite.model_validate(body)
     assert field in str(caught.value) and str(body["value"]) not in str(caught.value)
+    assert "\u4e01" not in str(caught.value) and "\u00e9" not in str(caught.value)
+
+
+def test_a_basic_auth_password_may_hold_any_letter_and_a_space_inside_which_base64_carries_as_it_is() -> None:
+    """A bearer token or an API key goes into its header as it is, so it is visible ASCII only
+    (``PADDED``, ``NOT_VISIBLE``); a password goes base64-encoded, which every server decodes as
+    it was sent. Whitespace around one is refused all the same: a server that reads it trims it."""
+    for value in ("p\u00e4ss w\u00f6rd-\u4e01", "pass word-1234"):
+        write = CredentialWrite.model_validate({"kind": "basic", "username": "ann", "value": value, "hosts": ["a.io"]})
+        assert write.value.get_secret_value() == value
 
 
 # Every header a client or the egress proxy sets itself, or drops from a process's request, and
@@ -182,8 +203,9 @@ def test_a_value_of_fewer_than_five_different_characters_besides_spaces_is_refus
         letters = rng.sample(string.ascii_letters + string.digits + string.punctuation + "\u00e9\u4e01", distinct)
         body = letters + rng.choices(letters + list(spaces), k=rng.randint(8, 40))
         rng.shuffle(body)
-        value = "".join(body)
-        write = {"value": value, "hosts": ["api.example.com"]}
+        value = letters[0] + "".join(body) + letters[0]  # no space around it (refused too, for another reason)
+        # a password: basic auth's may hold spaces and any letter (a token's is visible ASCII only)
+        write = {"value": value, "hosts": ["api.example.com"], "kind": "basic", "username": "ann"}
         if distinct >= 5:
             CredentialWrite.model_validate(write)
             continue
@@ -255,6 +277,37 @@ def test_every_spelling_of_a_value_is_redacted_wherever_it_sits_in_a_text() -> N
             assert REDACTED in cleaned, (value, text)
             assert not any(s in cleaned for s in spellings(value)), (value, text)
     assert Redactor().redact("nothing to hide here") == "nothing to hide here"
+
+
+def test_a_value_stored_with_whitespace_around_it_is_redacted_as_a_reader_trims_it() -> None:
+    """A value written before whitespace around it was refused: a basic auth password goes
+    base64-encoded, and a server that decodes and trims it echoes it without the whitespace,
+    which is no spelling of the stored value; the redactor gets that spelling too."""
+    redactor = Redactor()
+    credential = Credential("c", "basic", (), " pw-S3cr3t-99\t", username="ann")
+    redactor.add(*credential.secret_forms())
+    for echo in ("pw-S3cr3t-99", "ann: pw-S3cr3t-99", json.dumps({"password": "pw-S3cr3t-99"})):
+        assert "pw-S3cr3t-99" not in redactor.redact(echo) and REDACTED in redactor.redact(echo), echo
+
+
+@pytest.mark.parametrize("value", [*PADDED, *NOT_VISIBLE])
+@pytest.mark.parametrize("kind", ["bearer", "api_key"])
+def test_a_token_stored_before_it_was_refused_is_sent_by_nothing_in_words_that_quote_none_of_it(
+    kind: Any, value: str, echo: EchoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bearer token or API key that is not visible ASCII, written before writes refused it,
+    would reach a server that reads it otherwise (trimmed, re-decoded) or none at all (an
+    encoding error naming its character and offset): ``http_fetch``'s reference, a tool's client
+    and the egress proxy's header (``Credential.header``) refuse it, nothing sent."""
+    credential = Credential("github", kind, (HostBinding.parse(echo.host),), value)
+    for use in (credential.header, credential.reference_value):
+        with pytest.raises(CredentialRefused, match="not sent") as caught:
+            use()
+        assert value.strip() not in str(caught.value) and "position" not in str(caught.value)
+    monkeypatch.setenv("AGENTQ_HTTP_FETCH_ALLOW", echo.host)
+    with pytest.raises(CredentialRefused):
+        CredentialHandle(credential).get(echo.url("/a"))
+    assert echo.requests == []
 
 
 # --- use at egress --------------------------------------------------------------------------------
@@ -577,6 +630,14 @@ def test_asking_for_a_credential_the_user_already_has_does_not_pause(cipher: Env
         ("/vault/credentials/github", {"value": "v3ry-s3cret", "hosts": ["*.com"]}, 422, "hosts"),
         ("/vault/credentials/github", {"value": "v3ry-s3cret" * 500, "hosts": ["a.example.com"]}, 422, "value"),
         ("/vault/credentials/github", {"value": " " * 8, "hosts": ["a.example.com"]}, 422, "value"),
+        ("/vault/credentials/github", {"value": "v3ry-s3cret ", "hosts": ["a.example.com"]}, 422, "value"),
+        ("/vault/credentials/github", {"value": "v3ry-s3cr\u00e9t", "hosts": ["a.example.com"]}, 422, "value"),
+        (
+            "/vault/credentials/github",
+            {"value": "v3ry-s3cr\u4e01t", "hosts": ["a.example.com"], "kind": "api_key"},
+            422,
+            "value",
+        ),
         ("/vault/credentials/Not%20A%20Name", {"value": "v3ry-s3cret", "hosts": ["a.example.com"]}, 422, "name"),
         ("/vault/credentials/github", {"value": "v3ry-s3cret", "hosts": ["a.example.com"], "user": "a#b"}, 422, "user"),
         ("/vault/credentials/github", {"value": "v3ry-s3cret", "hosts": ["a.example.com"], "extra": 1}, 422, "extra"),

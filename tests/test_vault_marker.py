@@ -7,7 +7,11 @@ OTLP body is scanned for the marker's bytes and its base64 and URL-encoded forms
 
 And a missing credential is a pause on the same stack: the task sees ``credential_unavailable``,
 asks, shows as paused on an approval naming the credential and host, and runs on when the user's
-credential is written."""
+credential is written.
+
+And on the same stack, against an upstream that echoes header fields as a server reads them
+(``/headers``: trimmed, or read as UTF-8; ``vault_support``): a value such a server reads otherwise
+than it is stored is refused when written, and one stored before is sent nowhere."""
 
 from __future__ import annotations
 
@@ -81,9 +85,9 @@ class Stack:
         assert stack.api_server is not None
         self.url = stack.api_server.url
 
-    def http(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def http(self, method: str, path: str, body: Any = None, *, bearer: str | None = None) -> tuple[int, Any]:
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode() if body is not None else None,
-                                     method=method, headers={"Authorization": f"Bearer {self.key}",
+                                     method=method, headers={"Authorization": f"Bearer {bearer or self.key}",
                                                              "Content-Type": "application/json"})  # fmt: skip
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
@@ -233,3 +237,100 @@ def test_a_missing_credential_pauses_the_task_which_runs_on_when_the_user_adds_i
     done = live.until(task, lambda v: v["status"] in ("succeeded", "failed"))
     assert done["status"] == "succeeded"
     assert echo.requests[-1]["authorization"] == f"Bearer {marker}"
+
+
+# --- a value a server reads otherwise than it is stored ----------------------------------------------
+
+# (kind, the value around the marker): whitespace a server trims from a field value, a Latin-1 letter
+# it sends as one byte that a UTF-8 reader echoes as U+FFFD, a letter past Latin-1 no header can carry
+# (http.client's error named it and its offset), a space inside, where a server may end a token.
+READ_OTHERWISE = [("bearer", "{} "), ("bearer", "{}  "), ("api_key", " {}"), ("bearer", "{}\u00e9"),
+                  ("api_key", "{}\u4e01x"), ("bearer", "Bearer2 {}")]  # fmt: skip
+
+
+def _outcomes(live: Stack, task_id: str) -> list[Any]:
+    from agentq.core.models import ToolsStep
+
+    steps = live.stack.store().steps.load(task_id)
+    return [o for s in steps if isinstance(s.body, ToolsStep) for o in s.body.results]
+
+
+def _fetch(url: str, **headers: str) -> dict[str, Any]:
+    return _use("http_fetch", url=url, headers={"Authorization": "Bearer ${vault:github}", **headers})
+
+
+def _stored_before_the_rule(live: Stack, user: str, kind: str, value: str) -> None:
+    """``value`` sealed and stored as a write took it before values a server reads otherwise were
+    refused: with the stack's own key, into its table, as ``control.vault.put`` does."""
+    from agentq.core.vault import context_for
+    from agentq.core.vault_crypto import KEY_FILE_VARIABLE, EnvelopeCipher, LocalDataKeys
+
+    cipher = EnvelopeCipher(LocalDataKeys.from_file(live.stack.extra_env[KEY_FILE_VARIABLE]))
+    sealed = cipher.seal(json.dumps({"value": value}).encode(), context_for("acme", user, "github"))
+    live.stack.store().vault.put("acme", user, "github", kind=kind, hosts=[live.echo.host], header=None, sealed=sealed)
+
+
+@pytest.mark.parametrize(("kind", "around"), READ_OTHERWISE)
+def test_a_value_a_server_reads_otherwise_than_it_is_stored_is_refused_when_written_naming_value_and_nothing_changes(
+    live: Stack, kind: str, around: str
+) -> None:
+    """A token pasted with a space after it was accepted (8+ bytes, 5+ different characters) and
+    worked, the API reading it trimmed; so did an API's echo of it, which is no spelling of the
+    stored value, and reached the model, the trace and the table as it was."""
+    user, marker = f"ann-{uuid.uuid4().hex[:6]}", "VAULTMARK" + uuid.uuid4().hex + "END"
+    good = {"user": user, "kind": kind, "value": marker, "hosts": [live.echo.host]}
+    assert live.http("PUT", "/vault/credentials/github", good)[0] == 200
+    [before] = live.http("GET", f"/vault/credentials?user={user}")[1]["credentials"]
+    status, refused = live.http("PUT", "/vault/credentials/github", {**good, "value": around.format(marker)})
+    assert status == 422 and refused["error"]["field"] == "value", refused
+    assert ("whitespace before or after" if around.strip() != around else "ASCII") in refused["error"]["message"]
+    assert marker not in json.dumps(refused) and "\u4e01" not in json.dumps(refused)
+    assert live.http("GET", f"/vault/credentials?user={user}")[1]["credentials"] == [before]  # nothing changed
+
+
+@pytest.mark.parametrize(("kind", "around"), READ_OTHERWISE)
+def test_a_value_stored_before_such_values_were_refused_is_sent_nowhere_and_the_error_quotes_none_of_it(
+    live: Stack, kind: str, around: str
+) -> None:
+    """Sent, a server that trims it (or reads its bytes as UTF-8) echoes the value in a spelling
+    no redaction of the stored one finds: the marker reached the trace. Now the call is a tool
+    error in fixed words, nothing sent."""
+    user, marker = f"ann-{uuid.uuid4().hex[:6]}", "VAULTMARK" + uuid.uuid4().hex + "END"
+    _stored_before_the_rule(live, user, kind, around.format(marker))
+    header = "X-Api-Key" if kind == "api_key" else "Authorization"
+    value = "${vault:github}" if kind == "api_key" else "Bearer ${vault:github}"
+    calls = [
+        _use("http_fetch", url=live.echo.url(path), headers={header: value}) for path in ("/headers", "/headers?utf8")
+    ]
+    task = live.submit(user, [{"text": "", "tool_calls": calls}, {"text": "ok"}], ["http_fetch"])
+    assert live.until(task, lambda v: v["status"] in ("succeeded", "failed"))["status"] == "succeeded"
+    assert not [r for r in live.echo.requests if marker in json.dumps(r)]  # nothing sent
+    outcomes = _outcomes(live, task)
+    assert len(outcomes) == 2 and all(o.is_error and "not sent" in o.content for o in outcomes), outcomes
+    seen = json.dumps([o.content for o in outcomes]) + json.dumps(live.http("GET", f"/tasks/{task}/trace")[1])
+    assert marker not in seen and "\u4e01" not in seen and "\\u4e01" not in seen and "position" not in seen
+
+
+@pytest.mark.parametrize("around", ["{} ", "{}\u4e01x"])
+def test_a_value_stored_before_such_values_were_refused_reaches_no_workspace_process_nor_the_bucket(
+    live: Stack, around: str
+) -> None:
+    """Through the egress proxy: the trimmed echo of a padded value was written to a file and
+    stored in the bucket as it was; a value past Latin-1 raised in the proxy's thread (a traceback,
+    the connection dropped). Now the proxy answers 502 naming the credential, nothing sent."""
+    user, marker = f"ann-{uuid.uuid4().hex[:6]}", "VAULTMARK" + uuid.uuid4().hex + "END"
+    _stored_before_the_rule(live, user, "bearer", around.format(marker))
+    shell = _use("shell", command=f"curl -s -S {live.echo.url('/headers')} > echo.txt; cat echo.txt")
+    task = live.submit(user, [{"text": "", "tool_calls": [shell]}, {"text": "ok"}], ["shell"],
+                       workspace={"allow_hosts": [live.echo.host]})  # fmt: skip
+    assert live.until(task, lambda v: v["status"] in ("succeeded", "failed"))["status"] == "succeeded"
+    assert not [r for r in live.echo.requests if marker in json.dumps(r)]  # nothing sent
+    [outcome] = _outcomes(live, task)
+    assert "credential 'github'" in outcome.content and "not sent" in outcome.content, outcome.content
+    settings = live.stack.settings
+    assert settings is not None
+    s3 = boto3.client("s3", endpoint_url=settings.endpoint_url, region_name=settings.region)
+    stored = [s3.get_object(Bucket=settings.bucket, Key=o["Key"])["Body"].read()
+              for page in s3.get_paginator("list_objects_v2").paginate(Bucket=settings.bucket)
+              for o in page.get("Contents", [])]  # fmt: skip
+    assert not [b for b in stored if marker.encode() in b] and marker not in outcome.content

@@ -2,6 +2,14 @@
 way an API that reflects its ``Authorization`` header would; ``/redirect?to=URL`` answers 302 to
 URL. For the vault's tests: whatever reaches it is what agentq sent.
 
+``/headers`` answers the request's header fields as JSON the way httpbin's ``/headers`` does: each
+value without the whitespace around it (RFC 9110 5.5: a field value excludes it; Go's net/http,
+Node and nginx strip it too), read as UTF-8 with ``?utf8`` (a byte that is no UTF-8 becomes
+U+FFFD), and honours a ``Range`` header with a ``206`` as a range-capable front end would;
+``?status=N`` answers that status (a ``206`` unasked) and ``?coding=C`` names that
+``Content-Encoding`` (the body stays plain). ``/hold`` answers once ``release`` is set, and sets
+``holding`` when it arrives: a run is mid-way, one tool call in flight.
+
 ``?encoding=CODEC`` (``utf-16-le``, ``utf-32-be``, ...) sends the echo in that encoding instead of
 UTF-8, after ``pad`` CJK characters (none of whose bytes is NUL in UTF-16, so ``http_fetch`` does
 not take the body for binary), with a byte order mark first if ``bom=1``, and names ``charset``
@@ -10,6 +18,7 @@ in its ``Content-Type`` (none if not given)."""
 from __future__ import annotations
 
 import base64
+import json
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -21,6 +30,8 @@ from typing import Any
 class EchoServer:
     def __init__(self) -> None:
         self.requests: list[dict[str, str]] = []  # headers of every request received, lower-cased names
+        self.holding = threading.Event()  # a /hold request arrived
+        self.release = threading.Event()  # the test lets it answer
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -35,6 +46,9 @@ class EchoServer:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+                if parts.path in ("/headers", "/hold"):
+                    self._fields(parts.query)
+                    return
                 raw = f"{self.requestline}\n{self.headers}".encode()
                 body = raw + b"\nbase64: " + base64.b64encode(raw) + b"\n"
                 content_type = "text/plain; charset=utf-8"
@@ -46,6 +60,27 @@ class EchoServer:
                     content_type = "text/plain" + (f"; charset={query['charset']}" if "charset" in query else "")
                 self.send_response(200)
                 self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _fields(self, query: str) -> None:
+                asked = dict(urllib.parse.parse_qsl(query))
+                if self.path.startswith("/hold"):
+                    server.holding.set()
+                    server.release.wait(30)
+                fields = {k: v.strip(" \t") for k, v in self.headers.items()}
+                if "utf8" in asked:
+                    fields = {k: v.encode("latin-1").decode("utf-8", "replace") for k, v in fields.items()}
+                body, status = json.dumps({"headers": fields}).encode(), int(asked.get("status", 200))
+                wanted = self.headers.get("Range", "")
+                if wanted.startswith("bytes="):
+                    first, _, last = wanted[6:].partition("-")
+                    body, status = body[int(first) : int(last) + 1], 206
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                if "coding" in asked:
+                    self.send_header("Content-Encoding", asked["coding"])
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

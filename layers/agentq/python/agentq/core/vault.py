@@ -62,6 +62,18 @@ RESERVED_HEADERS = frozenset(
     }
 )  # fmt: skip
 RESERVED_PREFIXES = ("proxy-", "x-forwarded-")
+# What a request a credential is added to does not send (lower case): each asks the server to
+# transform its answer (compress it, send a piece of it, recode it) past what the redactor reads;
+# a range of an echo holds a piece of the value that no spelling of it matches. One list for every
+# path: the egress proxy drops a process's (``core.tools.egress_answer``), ``core.tools.fetch``
+# the model's or a tool's (``http_fetch``'s headers, a ``CredentialHandle``'s).
+TRANSFORMING_HEADERS = frozenset({"accept-encoding", "te", "range", "if-range", "accept-charset"})
+# What a bearer token or an API key may hold: visible ASCII (RFC 9110's VCHAR), which every server
+# reads as it was sent. A space around it is dropped by the reader (a field value excludes it, RFC
+# 9110 5.5; httpbin, Go, Node and nginx strip it), one inside may end the token for a server that
+# splits on it, and a letter outside ASCII goes as Latin-1 bytes that a UTF-8 reader echoes as
+# U+FFFD: each echo spells the value otherwise, so no redaction of the stored value finds it.
+_VISIBLE = re.compile(r"[\x21-\x7e]+")
 DEFAULT_PORTS = (80, 443)  # what a binding without a port allows (as the egress proxy's rules)
 REFERENCE = re.compile(r"\$\{vault:([^}]*)\}")
 TEMPLATE = re.compile(f"{REFERENCE.pattern}|{SECRET_REFERENCE.pattern}")  # a vault reference or a secret's
@@ -231,7 +243,18 @@ def _fits(value: SecretStr) -> SecretStr:
         raise ValueError(f"at most {MAX_VALUE_BYTES} bytes")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
         raise ValueError("no control characters (it goes into an HTTP header)")
+    if raw != raw.strip():
+        raise ValueError(
+            "no space or other whitespace before or after it: a server reads a header without it, so an echo "
+            "would spell the value otherwise, past its redaction; send the value without it"
+        )
     return value
+
+
+def sendable(kind: str, value: str) -> bool:
+    """Whether a ``kind`` credential's ``value`` goes into a header as it is read (``_VISIBLE``);
+    basic auth's goes base64-encoded, whatever it holds."""
+    return kind == "basic" or _VISIBLE.fullmatch(value) is not None
 
 
 class CredentialWrite(StrictModel):
@@ -244,7 +267,8 @@ class CredentialWrite(StrictModel):
     kind: Kind = "bearer"
     value: Annotated[SecretStr, AfterValidator(_fits)] = Field(
         description=f"the secret ({MIN_VALUE_CHARS}-{MAX_VALUE_BYTES} bytes, {MIN_DISTINCT_CHARS} different "
-        "characters or more besides spaces); never readable back",
+        "characters or more besides spaces, no whitespace around it; a bearer token or an api_key visible ASCII "
+        "only); never readable back",
     )
     hosts: Hosts
     header: Annotated[str | None, AfterValidator(_not_reserved)] = Field(
@@ -264,6 +288,12 @@ class CredentialWrite(StrictModel):
             raise ValueError("header: only an api_key names its header")
         if self.username is not None and ":" in self.username:
             raise ValueError("username: basic auth's username may not hold ':'")
+        if not sendable(self.kind, self.value.get_secret_value()):
+            raise ValueError(
+                f"value: a {self.kind} goes into a header as it is: letters, digits and ASCII punctuation only "
+                "(no space, no letter outside ASCII), which every server reads as it was sent, so its echo is "
+                "redacted; a value with others goes as basic auth's password (base64-encoded) or not at all"
+            )
         return self
 
 
@@ -328,19 +358,37 @@ class Credential:
 
     def reference_value(self) -> str:
         """What ``${vault:NAME}`` stands for: the token or key; for basic auth, the base64 of
-        ``username:password`` (so ``Authorization: Basic ${vault:NAME}``)."""
+        ``username:password`` (so ``Authorization: Basic ${vault:NAME}``). A token or key that is
+        not visible ASCII (stored before writes refused it) raises ``CredentialRefused``."""
         if self.kind == "basic":
-            return base64.b64encode(f"{self.username}:{self.secret}".encode()).decode()
+            return self._basic()
+        return self._sendable()
+
+    def _basic(self) -> str:
+        return base64.b64encode(f"{self.username}:{self.secret}".encode()).decode()
+
+    def _sendable(self) -> str:
+        """The token or key, if a server reads it as it is sent (``sendable``); else, a value
+        stored before writes refused it, ``CredentialRefused`` in fixed words that quote nothing
+        of it: a trimmed or re-decoded echo of it would be no spelling the redactor knows, and
+        an encoding error would name its character and offset."""
+        if not sendable(self.kind, self.secret):
+            raise CredentialRefused(
+                f"credential {self.name!r} holds a space around it or a character outside visible ASCII, which a "
+                "server reads otherwise than it is stored: not sent; write it again without them",
+                field="credential",
+            )
         return self.secret
 
     def header(self) -> tuple[str, str]:
         """The header a client or the egress proxy adds. A name that frames or routes a request
         (``RESERVED_HEADERS``: a write refuses it; one stored before that rule) raises
-        ``CredentialRefused``: the request is not sent, rather than sent with a second ``Host``."""
+        ``CredentialRefused``: the request is not sent, rather than sent with a second ``Host``;
+        so does a token or key that is not visible ASCII (``reference_value``)."""
         if self.kind == "bearer":
-            return "Authorization", f"Bearer {self.secret}"
+            return "Authorization", f"Bearer {self._sendable()}"
         if self.kind == "basic":
-            return "Authorization", f"Basic {self.reference_value()}"
+            return "Authorization", f"Basic {self._basic()}"
         name = self.header_name or DEFAULT_API_KEY_HEADER
         if reserved_header(name):
             raise CredentialRefused(
@@ -348,14 +396,15 @@ class Credential:
                 "write it again with the header its API reads the key from",
                 field="credential",
             )
-        return name, self.secret
+        return name, self._sendable()
 
     def secret_forms(self) -> list[str]:
-        """Every text that carries the secret, for the redactor."""
-        forms = [self.secret, self.reference_value()]
+        """Every text that carries the secret, for the redactor: and, for a value stored before
+        writes refused whitespace around it, the value as a reader that trims it echoes it."""
+        forms = [self.secret, self._basic() if self.kind == "basic" else self.secret]
         if self.username is not None:
             forms.append(f"{self.username}:{self.secret}")
-        return forms
+        return forms + [f.strip() for f in forms if f != f.strip()]
 
     def where(self) -> str:
         return ", ".join(str(b) for b in self.hosts)
