@@ -278,6 +278,20 @@ def test_an_injected_request_asks_for_identity_and_for_no_range_or_recoding(
     assert not [h for h in lines if h.startswith((b"accept-encoding: g", b"te:", b"range:", b"if-range:", b"accept-c"))]
 
 
+def test_a_header_the_proxy_cannot_encode_is_a_502_in_fixed_words_and_nothing_is_sent(
+    fetch: Callable[..., tuple[bytes, Upstream, EgressProxy]],
+) -> None:
+    """The proxy encodes the credential's header line as HTTP/1.1 carries it, Latin-1: one that
+    does not encode (a header name past Latin-1, which no write takes, read from the table as it
+    is) raised in the connection's thread, a traceback naming the character and its offset on the
+    worker's stderr, and the process got no answer. Now a 502 in words that quote none of it."""
+    credential = Credential("api", "api_key", (), SECRET, header_name="X-Key-\u4e01")
+    got, upstream, proxy = fetch(lambda auth: answer(b"200 OK", b"ok"), credential)
+    assert got.startswith(b"HTTP/1.1 502 Bad Gateway\r\n") and b"'api'" in got and b"cannot carry" in got, got
+    assert "\u4e01".encode() not in got and b"position" not in got and leaks(credential, got) == []
+    assert all(head == b"" for head in upstream.heads) and proxy.injected == 0
+
+
 PLAIN: list[Reply] = [
     lambda auth: answer(
         b"200 OK", b"Authorization: Bearer " + SECRET.encode() + bytes(range(256)), b"Connection: keep-alive"

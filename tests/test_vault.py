@@ -359,6 +359,29 @@ def test_a_redirect_to_a_host_the_credential_is_not_bound_to_carries_no_credenti
         expand("Bearer ${vault:github}", source, "evil.example.com", 443)
 
 
+def test_a_header_http_cannot_carry_is_a_tool_error_in_fixed_words_that_quote_none_of_it(
+    cipher: EnvelopeCipher, echo: EchoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model writes a letter past Latin-1 after a reference (``Bearer ${vault:github}\u4e01``):
+    http.client's ``UnicodeEncodeError``, which the model read, named the letter and its offset,
+    the length of the value before it. A tool's client's header likewise."""
+    store, marker = memory_storage(), _marker()
+    _put(store, cipher, "github", marker, [echo.host], user="ann")
+    fetch = _use("http_fetch", url=echo.url("/me"), headers={"Authorization": "Bearer ${vault:github}\u4e01"})
+    sub = scripted([{"text": "", "tool_calls": [fetch]}, {"text": "done"}], tools=["http_fetch"])
+    task = store.tasks.create(sub.model_copy(update={"user": "ann"}), tenant="t")
+    assert _engine(store, cipher, echo).run(task.task_id).status is TaskStatus.SUCCEEDED
+    [result] = _results(store, task.task_id)
+    assert result.is_error and "cannot carry" in result.content and "nothing sent" in result.content, result
+    assert "\u4e01" not in result.content and "position" not in result.content  # nor the offset, the value's length
+    monkeypatch.setenv("AGENTQ_HTTP_FETCH_ALLOW", echo.host)
+    handle = CredentialHandle(TaskCredentials(store.vault, cipher, "t", "ann").get("github"))
+    with pytest.raises(ValueError, match="cannot carry") as caught:
+        handle.get(echo.url("/a"), headers={"X-Note": "\u4e01"})
+    assert "\u4e01" not in str(caught.value) and "position" not in str(caught.value)
+    assert echo.requests == []
+
+
 @tool
 def leaky(url: str, ctx: ToolContext) -> str:
     """Calls a URL with the user's github credential and returns what came back, and its repr."""

@@ -99,7 +99,7 @@ from agentq.core.tools.egress_request import (
     request_line,
 )
 from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRule, Target, resolve
-from agentq.core.vault import CredentialSource
+from agentq.core.vault import Credential, CredentialRefused, CredentialSource
 from agentq.observe.redaction import Values
 from agentq.sandbox.bwrap import outside_owner
 
@@ -316,9 +316,9 @@ class EgressProxy:
                 dropped = set(DROPPED_HEADERS)
                 added: list[bytes] = []
                 if credential is not None:
-                    name, value = credential.header()
-                    dropped |= {name.lower().encode("latin-1"), *TRANSFORMING_HEADERS}
-                    added += [f"{name}: {value}".encode("latin-1"), ASK_IDENTITY]
+                    line = _header_line(credential)
+                    dropped |= {line.partition(b":")[0].lower(), *TRANSFORMING_HEADERS}
+                    added += [line, ASK_IDENTITY]
                     answer = Answer(Values(*credential.secret_forms()), method)
                     self.injected += 1
                 kept = [h for h in fields if h.partition(b":")[0].lower() not in dropped]
@@ -387,6 +387,20 @@ class EgressProxy:
             raise last or OSError(f"no address of {host} answered")
         finally:
             deadline.cancel()
+
+
+def _header_line(credential: Credential) -> bytes:
+    """The credential's header line as HTTP/1.1 carries it (Latin-1); one that does not encode is
+    ``CredentialRefused`` in words that quote none of it (a ``UnicodeEncodeError`` names the
+    character and its offset), answered 502, nothing sent."""
+    name, value = credential.header()
+    try:
+        return f"{name}: {value}".encode("latin-1")
+    except UnicodeEncodeError:
+        raise CredentialRefused(
+            f"credential {credential.name!r}'s header holds a character HTTP/1.1 cannot carry: not sent",
+            field="credential",
+        ) from None
 
 
 def allows(rule: HostRule, host: str, port: int) -> bool:

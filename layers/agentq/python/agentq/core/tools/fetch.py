@@ -382,6 +382,12 @@ def _open(
             sent |= {"Accept-Encoding": "identity", "Connection": "close"}
             conn.request(method, target.path, body=body, headers=sent)
             return conn
+        except ValueError:  # http.client's words quote the header and the offset in it: a credential's length
+            conn.close()
+            raise FetchRefused(
+                "a request header holds a character HTTP/1.1 cannot carry (one outside Latin-1, or a line break): "
+                "nothing sent"
+            ) from None
         except OSError as exc:
             conn.close()
             if deadline.expired:
