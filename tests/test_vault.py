@@ -409,6 +409,28 @@ def test_a_tools_credential_client_sends_only_to_its_hosts_and_its_echo_is_redac
     assert refused.is_error and "credential_refused" not in refused.content and "not sent" in refused.content
 
 
+def test_a_tools_credential_client_asks_for_no_range_or_recoding_and_refuses_an_answer_it_cannot_redact_whole(
+    cipher: EnvelopeCipher, echo: EchoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the egress proxy and ``http_fetch``: a tool's headers (which may be the model's words)
+    lose ``Range`` and the other ``TRANSFORMING_HEADERS`` in any case, agentq's ``identity``
+    replaces a lowercase ``accept-encoding``, and a ``206`` or an encoded answer is refused before
+    a byte of its body is read."""
+    store, marker = memory_storage(), _marker()
+    _put(store, cipher, "github", marker, [echo.host], user="ann")
+    monkeypatch.setenv("AGENTQ_HTTP_FETCH_ALLOW", echo.host)
+    handle = CredentialHandle(TaskCredentials(store.vault, cipher, "t", "ann").get("github"))
+    asked = {"range": "bytes=0-9", "accept-encoding": "gzip", "TE": "gzip", "If-Range": "x", "Accept-Charset": "x"}
+    body = handle.get(echo.url("/headers"), headers={**asked, "X-Kept": "1"}).body.decode()
+    assert json.loads(body)["headers"]["Accept-Encoding"] == "identity" and "X-Kept" in body, body
+    assert not [k for k in json.loads(body)["headers"] if k.lower() in {n.lower() for n in asked} - {"accept-encoding"}]
+    assert "gzip" not in body and marker not in body
+    for query, why in (("status=206", "a 206"), ("coding=gzip", "Content-Encoding")):
+        with pytest.raises(ValueError, match="not returned") as caught:
+            handle.get(echo.url(f"/headers?{query}"))
+        assert why in str(caught.value) and marker not in str(caught.value)
+
+
 def test_another_users_or_tenants_credential_is_unavailable_to_a_task(cipher: EnvelopeCipher) -> None:
     store = memory_storage()
     _put(store, cipher, "github", _marker(), ["api.github.com"], user="ann")

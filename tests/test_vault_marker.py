@@ -11,7 +11,8 @@ credential is written.
 
 And on the same stack, against an upstream that echoes header fields as a server reads them
 (``/headers``: trimmed, or read as UTF-8; ``vault_support``): a value such a server reads otherwise
-than it is stored is refused when written, and one stored before is sent nowhere."""
+than it is stored is refused when written, and one stored before is sent nowhere; ``http_fetch``
+hands the model no range of a credentialed answer."""
 
 from __future__ import annotations
 
@@ -334,3 +335,37 @@ def test_a_value_stored_before_such_values_were_refused_reaches_no_workspace_pro
               for page in s3.get_paginator("list_objects_v2").paginate(Bucket=settings.bucket)
               for o in page.get("Contents", [])]  # fmt: skip
     assert not [b for b in stored if marker.encode() in b] and marker not in outcome.content
+
+
+# --- http_fetch and the answer's shape ----------------------------------------------------------------
+
+
+def test_http_fetch_hands_the_model_no_range_nor_recoding_of_a_credentialed_answer(live: Stack) -> None:
+    """The egress proxy drops ``Range`` (and the other ``TRANSFORMING_HEADERS``) from a request it
+    adds a credential to and refuses a ``206``; http_fetch sent the model's ``Range`` beside
+    ``${vault:...}`` and returned the ``206``: twenty ranges edge to edge each gave the model a
+    piece of the echo, none a whole spelling, which together spelled the value. Its lowercase
+    ``accept-encoding`` went beside agentq's ``Accept-Encoding: identity``."""
+    user, marker = f"ann-{uuid.uuid4().hex[:6]}", "VAULTMARK" + uuid.uuid4().hex + "END"
+    echo = live.echo
+    assert (
+        live.http("PUT", "/vault/credentials/github", {"user": user, "value": marker, "hosts": [echo.host]})[0] == 200
+    )
+    # Range values of one length, so the echo is laid out alike in each answer: 20 bytes each, edge
+    # to edge, cover it whole (the model could as well read the value's offset from a first,
+    # redacted, answer and ask for two pieces).
+    ranges = [_fetch(echo.url("/headers"), Range=f"bytes={a:04d}-{a + 19:04d}") for a in range(0, 400, 20)]
+    transforming = _fetch(echo.url("/headers?asked"), **{"accept-encoding": "gzip", "If-Range": "x",
+                                                         "Accept-Charset": "utf-16", "X-Kept": "1"})  # fmt: skip
+    unasked = [_fetch(echo.url("/headers?status=206")), _fetch(echo.url("/headers?coding=gzip"))]
+    task = live.submit(user, [{"text": "", "tool_calls": [*ranges, transforming, *unasked]}, {"text": "ok"}],
+                       ["http_fetch"])  # fmt: skip
+    assert live.until(task, lambda v: v["status"] in ("succeeded", "failed"))["status"] == "succeeded"
+    *pieces, asked, partial, coded = [o.content for o in _outcomes(live, task)]
+    assert not [p for p in pieces if not p.startswith("HTTP 200")] and "Bearer [redacted credential]" in pieces[0]
+    assert marker not in "".join(p.split("\n\n", 1)[-1] for p in pieces)
+    sent = [r for r in echo.requests if r.get("authorization") == f"Bearer {marker}"]
+    assert len(sent) == 23 and not [r for r in sent if {"range", "if-range", "accept-charset"} & set(r)]
+    assert '"Accept-Encoding": "identity"' in asked and "gzip" not in asked and '"X-Kept": "1"' in asked, asked
+    assert "206" in partial and "not returned" in partial and "redacted credential" not in partial, partial
+    assert "Content-Encoding" in coded and "not returned" in coded and "redacted credential" not in coded, coded

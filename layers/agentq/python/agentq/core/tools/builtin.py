@@ -20,7 +20,7 @@ from pydantic import AfterValidator, Field
 
 from agentq.core.tools._context import NoteStore, ToolContext
 from agentq.core.tools._core import ToolRegistry, ToolSpec, tool
-from agentq.core.tools.credentials import check_headers, vault_headers
+from agentq.core.tools.credentials import check_headers, credentialed, vault_headers, whole_answer
 from agentq.core.tools.fetch import FetchPolicy
 from agentq.core.tools.fetch import get as guarded_get
 from agentq.core.tools.workspace import WORKSPACE_TOOL_SPECS
@@ -71,7 +71,8 @@ def http_fetch_tool(policy: FetchPolicy | None = None) -> ToolSpec:
         if remaining is not None:
             timeout = max(0.1, min(timeout, remaining - 0.5))
         extra = vault_headers(headers, ctx.credentials if ctx is not None else None) if headers else None
-        response = guarded_get(url, max_bytes=max_bytes, timeout=timeout, policy=guard, headers=extra)
+        check = whole_answer if credentialed(headers) else None  # a range or an encoding of an echo: refused
+        response = guarded_get(url, max_bytes=max_bytes, timeout=timeout, policy=guard, headers=extra, check=check)
         out = f"HTTP {response.status} {response.content_type}"
         if response.redirects:
             out += f" (after {len(response.redirects)} redirect(s), from {response.url})"

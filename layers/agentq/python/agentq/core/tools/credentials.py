@@ -9,14 +9,29 @@ destination. It has no attribute that holds the value, and its repr names only t
 ``vault_headers`` is the same rule for headers that hold references (``http_fetch``'s
 ``headers``): each hop's headers are expanded for that hop's host; a reference to a credential
 that is not bound there refuses the first hop and is dropped from a redirect's.
+
+A request that carries a credential goes as the egress proxy sends one (``core.tools.egress``):
+without the headers that ask the server to transform its answer (``TRANSFORMING_HEADERS``, the
+proxy's own list, in any case: a ``Range`` of an echo is a piece of the value no spelling
+matches, and twenty of them spell it), and an answer the redactor cannot read whole, a ``206``
+or a body in a coding, is refused before a byte of it is read (``whole_answer``).
 """
 
 from __future__ import annotations
 
+import http.client
 from collections.abc import Mapping
 
-from agentq.core.tools.fetch import FetchPolicy, HeaderSource, Response, Target, get
-from agentq.core.vault import Credential, CredentialRefused, CredentialSource, expand, references, refused
+from agentq.core.tools.fetch import FetchPolicy, FetchRefused, HeaderSource, Response, Target, get
+from agentq.core.vault import (
+    TRANSFORMING_HEADERS,
+    Credential,
+    CredentialRefused,
+    CredentialSource,
+    expand,
+    references,
+    refused,
+)
 
 MAX_HEADERS = 20
 FORBIDDEN_HEADERS = frozenset({"host", "connection", "content-length", "transfer-encoding", "te", "upgrade", "trailer"})
@@ -56,7 +71,7 @@ class CredentialHandle:
         """``method url`` with the credential's header added; a URL whose host the credential is
         not bound to raises ``CredentialRefused`` before anything is sent."""
         credential = self._credential
-        plain = dict(headers or {})
+        plain = untransformed(headers or {})
 
         def hop(target: Target, number: int) -> Mapping[str, str]:
             if credential.allows(target.host, target.port):
@@ -69,7 +84,7 @@ class CredentialHandle:
         data = body.encode() if isinstance(body, str) else body
         # fetch's errors name the URL and the address, never a header it was sending
         return get(url, max_bytes=max_bytes, timeout=timeout, policy=self._policy, method=method.upper(),
-                   headers=hop, body=data)  # fmt: skip
+                   headers=hop, body=data, check=whole_answer)  # fmt: skip
 
     def get(self, url: str, **kwargs: object) -> Response:
         return self.request("GET", url, **kwargs)  # type: ignore[arg-type]
@@ -96,8 +111,10 @@ def vault_headers(headers: Mapping[str, str], source: CredentialSource | None) -
 
         raise unavailable(references(headers[min(referring)])[0], None, None)
 
+    plain = untransformed(headers) if referring else dict(headers)
+
     def hop(target: Target, number: int) -> Mapping[str, str]:
-        out = {k: v for k, v in headers.items() if k not in referring}
+        out = {k: v for k, v in plain.items() if k not in referring}
         for key in referring:
             assert source is not None
             try:
@@ -108,3 +125,30 @@ def vault_headers(headers: Mapping[str, str], source: CredentialSource | None) -
         return out
 
     return hop
+
+
+def credentialed(headers: Mapping[str, str]) -> bool:
+    """Whether ``headers`` refer to a credential: the request goes as ``vault_headers`` and
+    ``whole_answer`` say."""
+    return any(references(v) for v in headers.values())
+
+
+def untransformed(headers: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` without those that ask a server to transform its answer, in any case."""
+    return {k: v for k, v in headers.items() if k.lower() not in TRANSFORMING_HEADERS}
+
+
+def whole_answer(target: Target, response: http.client.HTTPResponse) -> None:
+    """Refuse a credentialed request's answer that the redactor cannot read whole, as the egress
+    proxy does (``core.tools.egress_answer``), in words that quote none of it: a ``206`` (a
+    range of an echo holds a piece of the value no spelling matches) and a body in a content or
+    transfer coding but ``chunked`` (the request asked for identity)."""
+    where = f"the answer from {target.host}:{target.port} not returned"
+    if response.status == 206:
+        raise FetchRefused(f"{where}: a 206, and a range of an answer may hold a piece of the credential no "
+                           "redaction finds")  # fmt: skip
+    named = [*(response.msg.get_all("Content-Encoding") or []), *(response.msg.get_all("Transfer-Encoding") or [])]
+    codings = {c.strip().lower() for value in named for c in value.split(",")} - {"", "identity", "chunked"}
+    if codings:
+        raise FetchRefused(f"{where}: a body in a Content-Encoding or Transfer-Encoding (the request asked for "
+                           "identity), which no redaction reads")  # fmt: skip

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 
+from agentq.core import vault
 from agentq.core.tools.egress_request import BadBody, BadRequest, Body, framing
 from agentq.observe.redaction import Values
 
@@ -48,7 +49,8 @@ _HOP = frozenset(
 )
 # What an injected request loses besides the proxy's ``DROPPED_HEADERS``: each asks the server to
 # transform its answer (compress it, send a piece of it, recode it) past what the redactor reads.
-TRANSFORMING_HEADERS = frozenset({b"accept-encoding", b"te", b"range", b"if-range", b"accept-charset"})
+# The one list ``http_fetch`` and a tool's client drop too (``core.vault.TRANSFORMING_HEADERS``).
+TRANSFORMING_HEADERS = frozenset(name.encode() for name in vault.TRANSFORMING_HEADERS)
 ASK_IDENTITY = b"Accept-Encoding: identity"
 
 

@@ -292,7 +292,9 @@ def _connection(target: Target, address: IPAddress, timeout: float) -> http.clie
 
 
 HeaderSource = Callable[["Target", int], Mapping[str, str]]  # (hop's target, hop number) -> extra headers
+AnswerCheck = Callable[["Target", http.client.HTTPResponse], None]  # raises FetchRefused to refuse an answer
 FOLLOWED_METHODS = ("GET", "HEAD")  # redirects of any other method come back as they are
+OVERRIDES = {"Accept-Encoding": "identity", "Connection": "close"}  # whatever the caller's headers say
 
 
 def get(
@@ -304,10 +306,13 @@ def get(
     method: str = "GET",
     headers: HeaderSource | None = None,
     body: bytes | None = None,
+    check: AnswerCheck | None = None,
 ) -> Response:
     """One request, redirects followed (GET and HEAD only) and every hop checked. ``headers``
     is asked for each hop's extra headers, so a credential bound to one host is never carried
-    by a redirect to another (``core.tools.credentials``)."""
+    by a redirect to another (``core.tools.credentials``). ``check`` sees the final answer's head
+    before a byte of its body is read, and may refuse it (``FetchRefused``): a credentialed
+    request's answer the redactor cannot read whole (``core.tools.credentials.whole_answer``)."""
     policy = policy or FetchPolicy()
     deadline = Deadline(timeout)
     redirects: list[str] = []
@@ -331,6 +336,8 @@ def get(
                     target = _redirect_target(next_url)
                     redirects.append(next_url)
                     continue
+                if check is not None:
+                    check(target, response)
                 data, more = _read_at_most(response, max_bytes + READ_PAST, conn, deadline)
                 data, truncated = redacted_cut(data, max_bytes, more)
                 return Response(
@@ -378,8 +385,7 @@ def _open(
         try:
             conn.connect()
             deadline.watch(conn.sock)
-            sent = {"User-Agent": USER_AGENT, "Accept": "*/*", **(extra or {})}
-            sent |= {"Accept-Encoding": "identity", "Connection": "close"}
+            sent = _merged({"User-Agent": USER_AGENT, "Accept": "*/*"}, extra or {}, OVERRIDES)
             conn.request(method, target.path, body=body, headers=sent)
             return conn
         except ValueError:  # http.client's words quote the header and the offset in it: a credential's length
@@ -394,6 +400,18 @@ def _open(
                 raise deadline.error() from None
             last = exc
     raise ConnectionError(f"could not connect to {target.host}:{target.port}: {last}")
+
+
+def _merged(*layers: Mapping[str, str]) -> dict[str, str]:
+    """The headers of ``layers``, a later one's replacing an earlier one's of the same name in
+    any case: a caller's ``accept-encoding: gzip`` is not sent beside agentq's ``identity``."""
+    out: dict[str, str] = {}
+    for layer in layers:
+        for name, value in layer.items():
+            for same in [n for n in out if n.lower() == name.lower()]:
+                del out[same]
+            out[name] = value
+    return out
 
 
 def _read_at_most(
