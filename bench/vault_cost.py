@@ -8,7 +8,8 @@ nearest rank, after two warm-up calls):
 
 - ``no credential``: the fetch alone, the baseline;
 - ``same run``: ``${vault:github}`` in a header, the credential already opened by this
-  run (a task's later calls): no read at all;
+  run (a task's later calls): one GetItem, its item read again (deleted or rebound since, it
+  would not be sent), nothing decrypted while it is unchanged;
 - ``new run, cached key``: a new run's first use: one GetItem, the data key from the
   worker's cache (``core.vault_crypto.EnvelopeCipher``, five minutes);
 - ``new run, cold KMS``: the same with the cache emptied: one GetItem and one

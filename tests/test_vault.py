@@ -8,6 +8,7 @@ tests/test_vault_marker.py."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import random
@@ -501,6 +502,50 @@ def test_the_egress_proxy_sends_a_credential_only_under_its_bound_hosts_name_wha
     assert seen["host"] == echo.host and seen["authorization"] == f"Bearer {marker}" and seen["x-kept"] == "1"
     echoed = answer.decode("latin-1").split("\r\n\r\n", 1)[1].split("\nbase64:")[0]  # the head the server read
     assert "attacker" not in echoed and echoed.lower().count("\nhost:") == 1, echoed
+
+
+@pytest.mark.parametrize("change", ["rebound", "deleted"])
+def test_a_credential_deleted_rebound_or_written_again_while_a_run_holds_it_is_sent_as_it_is_now(
+    cipher: EnvelopeCipher, echo: EchoServer, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """The run kept what it opened (``TaskCredentials._opened``) and the egress proxy the listing
+    it read (``_infos``) until the run ended, hours for a long-running agent: after the user bound
+    the credential to another host, or deleted it, the proxy's next request still carried the old
+    value to the old host, as did a tool's client handed out before. Each use reads the item again
+    now: bound elsewhere or gone, it is sent by neither; written again, its new value is."""
+    import socket
+
+    store, old, new = memory_storage(), _marker(), _marker()
+    _put(store, cipher, "github", old, [echo.host], user="ann")
+    source = TaskCredentials(store.vault, cipher, "t", "ann")
+    monkeypatch.setenv("AGENTQ_HTTP_FETCH_ALLOW", echo.host)
+    handle = ToolContext("t1", "toolu_1", "k", credentials=source).credential("github")
+    proxy = EgressProxy([HostRule.parse(echo.host)], FetchPolicy(allow=(HostRule.parse(echo.host),)),
+                        credentials=source)  # fmt: skip
+
+    def both(step: str) -> None:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(proxy.path)
+            sock.sendall(f"GET {echo.url(f'/proxy-{step}')} HTTP/1.1\r\nHost: {echo.host}\r\n\r\n".encode())
+            while sock.recv(65536):
+                pass
+        with contextlib.suppress(CredentialRefused, CredentialUnavailable):
+            handle.get(echo.url(f"/tool-{step}"))
+
+    try:
+        both("opened")
+        _put(store, cipher, "github", new, [echo.host], user="ann")  # written again: a new value
+        both("rewritten")
+        if change == "rebound":
+            _put(store, cipher, "github", new, ["api.example.com"], user="ann")
+        else:
+            store.vault.delete("t", "ann", "github")
+        both(change)
+    finally:
+        proxy.close()
+    sent = {r["path"].strip("/"): r.get("authorization") for r in echo.requests}
+    assert sent == {"proxy-opened": f"Bearer {old}", "tool-opened": f"Bearer {old}", "proxy-rewritten": f"Bearer {new}",
+                    "tool-rewritten": f"Bearer {new}", f"proxy-{change}": None}, sent  # fmt: skip
 
 
 @pytest.mark.parametrize("header", ["Host", "Transfer-Encoding", "Content-Length", "X-Forwarded-Host", "Connection",

@@ -12,7 +12,8 @@ credential is written.
 And on the same stack, against an upstream that echoes header fields as a server reads them
 (``/headers``: trimmed, or read as UTF-8; ``vault_support``): a value such a server reads otherwise
 than it is stored is refused when written, and one stored before is sent nowhere; ``http_fetch``
-hands the model no range of a credentialed answer."""
+hands the model no range of a credentialed answer; a credential deleted or rebound while its task
+runs is not sent by the task's next call."""
 
 from __future__ import annotations
 
@@ -369,3 +370,47 @@ def test_http_fetch_hands_the_model_no_range_nor_recoding_of_a_credentialed_answ
     assert '"Accept-Encoding": "identity"' in asked and "gzip" not in asked and '"X-Kept": "1"' in asked, asked
     assert "206" in partial and "not returned" in partial and "redacted credential" not in partial, partial
     assert "Content-Encoding" in coded and "not returned" in coded and "redacted credential" not in coded, coded
+
+
+# --- a credential changed while its task runs ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["delete", "rebind"])
+def test_a_credential_deleted_or_rebound_while_its_task_runs_is_not_sent_by_the_next_call(
+    live: Stack, change: str
+) -> None:
+    """The user revokes the token (DELETE with their own JWT), or binds it to another host, while
+    their task runs: the task's next call still sent the old value, to the old host. The run kept
+    what it opened (``TaskCredentials._opened``) until it ended, which for a long-running agent is
+    hours. Now each use reads the credential's item again."""
+    echo = live.echo
+    user, marker = f"ann-{uuid.uuid4().hex[:6]}", "VAULTMARK" + uuid.uuid4().hex + "END"
+    assert (
+        live.http("PUT", "/vault/credentials/github", {"user": user, "value": marker, "hosts": [echo.host]})[0] == 200
+    )
+    echo.holding.clear()
+    echo.release.clear()
+    turns: list[dict[str, Any]] = [
+        {"text": "", "tool_calls": [_fetch(echo.url(f"/headers?first-{user}"))]},
+        {"text": "", "tool_calls": [_use("http_fetch", url=echo.url("/hold"), timeout_seconds=30)]},
+        {"text": "", "tool_calls": [_fetch(echo.url(f"/headers?after-{user}"))]},
+        {"text": "ok"},
+    ]
+    task = live.submit(user, turns, ["http_fetch"])
+    try:
+        assert echo.holding.wait(60), "the task did not reach its second call"
+        token = live.stack.token(user=user, tenant="acme")
+        if change == "delete":
+            status, body = live.http("DELETE", "/vault/credentials/github", bearer=token)
+        else:
+            status, body = live.http("PUT", "/vault/credentials/github",
+                                     {"value": marker, "hosts": ["api.example.com"]}, bearer=token)  # fmt: skip
+        assert status == 200, body
+    finally:
+        echo.release.set()
+    assert live.until(task, lambda v: v["status"] in ("succeeded", "failed"))["status"] == "succeeded"
+    [first] = [r for r in echo.requests if r["path"] == f"/headers?first-{user}"]
+    assert first.get("authorization") == f"Bearer {marker}"
+    assert not [r for r in echo.requests if r["path"] == f"/headers?after-{user}"], f"sent after the {change}"
+    after = _outcomes(live, task)[-1]
+    assert after.is_error and ("credential_unavailable" if change == "delete" else "api.example.com") in after.content

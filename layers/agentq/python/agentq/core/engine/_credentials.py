@@ -3,8 +3,12 @@ on this worker, each value handed to the redactor the moment it is opened (into 
 hold, ``observe.redaction.run_scope``), and held there until the run ends (``close``).
 
 A user's credential of a name wins over the tenant's of the same name. Opening is lazy (a task
-that never uses a credential never decrypts one) and kept for the run: one read of the table
-and at most one KMS call per credential per run (the cipher caches data keys across runs).
+that never uses a credential never decrypts one). Each use reads the credential's item again,
+one GetItem (two for the tenant's, when the user has none of that name): a credential deleted
+while the run goes on is unavailable to its next call, one rebound is sent only where it is bound
+now, one written again is opened again; an unchanged one is not (at most one KMS call per
+credential per run, and the cipher caches data keys across runs). A run is hours long, and a
+user who revokes a token means its next request, not the run's end.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from agentq.core.vault import (
     Credential,
     CredentialInfo,
     CredentialRefused,
+    CredentialUnavailable,
     HostBinding,
+    StoredCredential,
     context_for,
     unavailable,
     valid_name,
@@ -32,7 +38,8 @@ class TaskCredentials:
 
     def __init__(self, vault: VaultBook, cipher: Cipher | None, tenant: str, user: str | None) -> None:
         self.vault, self.cipher, self.tenant, self.user = vault, cipher, tenant, user
-        self._opened: dict[str, Credential] = {}
+        # each credential opened, with the owner and item it was opened from
+        self._opened: dict[str, tuple[tuple[str | None, StoredCredential], Credential]] = {}
         self._infos: list[CredentialInfo] | None = None
         self._lock = threading.Lock()
         # The run's values stay in the redactor while it runs, whatever other runs add; the
@@ -48,10 +55,9 @@ class TaskCredentials:
 
     def get(self, name: str, host: str | None = None, *, to: tuple[str, int] | None = None) -> Credential:
         """The credential ``name`` of the task's user (else its tenant's), or ``CredentialUnavailable``;
-        ``to`` (host, port): ``CredentialRefused`` if it is not bound there, read before it is opened."""
-        with self._lock:
-            if name in self._opened:
-                return self._opened[name]
+        ``to`` (host, port): ``CredentialRefused`` if it is not bound there, read before it is opened.
+        Read from the table on every call (see the module): what this run opened before is used
+        again only while its item is as it was then."""
         if not valid_name(name):
             raise unavailable(name, self.user, host)
         owner = self.user
@@ -66,6 +72,10 @@ class TaskCredentials:
             raise CredentialRefused(
                 f"credential {name!r} is bound to {where}, not {to[0]}:{to[1]}: not sent", field="credential"
             )
+        with self._lock:
+            kept = self._opened.get(name)
+        if kept is not None and kept[0] == (owner, stored):
+            return kept[1]
         secret = json.loads(self.cipher.open(stored.sealed, context_for(self.tenant, owner, name)))
         credential = Credential(
             name=name,
@@ -77,7 +87,7 @@ class TaskCredentials:
         )
         self._hold.add(*credential.secret_forms())
         with self._lock:
-            self._opened[name] = credential
+            self._opened[name] = ((owner, stored), credential)
         return credential
 
     @property
@@ -89,23 +99,40 @@ class TaskCredentials:
 
     def for_host(self, host: str, port: int) -> Credential | None:
         """The credential the egress proxy adds for ``host:port``: the user's (then the tenant's)
-        one bound there, an exact binding before a pattern, then by name; None if none is."""
-        if self._infos is None:
-            mine = self.vault.listing(self.tenant, self.user) if self.user is not None else []
-            names = {i.name for i in mine}
-            self._infos = [*mine, *(i for i in self.vault.listing(self.tenant, None) if i.name not in names)]
-        bound = []
-        for info in self._infos:
-            bindings = [HostBinding.parse(h) for h in info.hosts]
-            hits = [b for b in bindings if b.matches(host, port)]
-            if hits:
-                bound.append((min(b.wildcard for b in hits), info.name))
-        if not bound or self.cipher is None:
+        one bound there, an exact binding before a pattern, then by name; None if none is. The
+        listing is read once, and says which; that one is read again before it is used (``get``),
+        and if it is gone or bound elsewhere since, the listing is read again. A credential
+        added, or first bound to the host, while the run goes on is added from the next run."""
+        if self.cipher is None:
             return None
-        return self.get(min(bound)[1], host)
+        if self._infos is None:
+            self._infos = self._listing()
+        name = _bound(self._infos, host, port)
+        try:
+            return self.get(name, host, to=(host, port)) if name is not None else None
+        except (CredentialUnavailable, CredentialRefused):
+            self._infos = self._listing()  # changed since it was read
+            name = _bound(self._infos, host, port)
+            return self.get(name, host, to=(host, port)) if name is not None else None
+
+    def _listing(self) -> list[CredentialInfo]:
+        mine = self.vault.listing(self.tenant, self.user) if self.user is not None else []
+        names = {i.name for i in mine}
+        return [*mine, *(i for i in self.vault.listing(self.tenant, None) if i.name not in names)]
 
     def has(self, name: str) -> bool:
         """Whether the task's user (or tenant) has ``name`` now, read afresh (no decryption)."""
         if self.user is not None and self.vault.get(self.tenant, self.user, name) is not None:
             return True
         return self.vault.get(self.tenant, None, name) is not None
+
+
+def _bound(infos: list[CredentialInfo], host: str, port: int) -> str | None:
+    """The name of the credential ``infos`` bind to ``host:port``: an exact binding before a
+    pattern, then by name."""
+    bound = []
+    for info in infos:
+        hits = [b for b in (HostBinding.parse(h) for h in info.hosts) if b.matches(host, port)]
+        if hits:
+            bound.append((min(b.wildcard for b in hits), info.name))
+    return min(bound)[1] if bound else None

@@ -93,7 +93,7 @@ class ToolContext:
 
         if self.credentials is None:
             raise unavailable(name, None, None)
-        return CredentialHandle(self.credentials.get(name))
+        return CredentialHandle(self.credentials.get(name), source=self.credentials)
 
     def secret(self, name: str) -> str:
         """A secret the deployment grants its tools (``core.secrets``): never from the task's

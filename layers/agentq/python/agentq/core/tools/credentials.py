@@ -40,10 +40,15 @@ FORBIDDEN_HEADERS = frozenset({"host", "connection", "content-length", "transfer
 class CredentialHandle:
     """One credential, usable only by sending it to its hosts (``request``)."""
 
-    __slots__ = ("_credential", "_policy", "hosts", "kind", "name")
+    __slots__ = ("_credential", "_policy", "_source", "hosts", "kind", "name")
 
-    def __init__(self, credential: Credential, policy: FetchPolicy | None = None) -> None:
+    def __init__(
+        self, credential: Credential, policy: FetchPolicy | None = None, *, source: CredentialSource | None = None
+    ) -> None:
+        """``source``: where ``credential`` was read, read again before each hop sends it (a
+        handle a tool keeps while the user deletes or rebinds the credential sends it no more)."""
         self._credential = credential
+        self._source = source
         self._policy = policy or FetchPolicy.from_env()
         self.name = credential.name
         self.kind = credential.kind
@@ -70,10 +75,10 @@ class CredentialHandle:
     ) -> Response:
         """``method url`` with the credential's header added; a URL whose host the credential is
         not bound to raises ``CredentialRefused`` before anything is sent."""
-        credential = self._credential
         plain = untransformed(headers or {})
 
         def hop(target: Target, number: int) -> Mapping[str, str]:
+            credential = self._credential if self._source is None else self._source.get(self.name)
             if credential.allows(target.host, target.port):
                 name, value = credential.header()
                 return {**plain, name: value}
