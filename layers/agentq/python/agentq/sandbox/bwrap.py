@@ -2,12 +2,14 @@
 
 Each call gets new user, PID, mount, network, IPC, UTS and cgroup namespaces: the code sees
 a root filesystem built for it (the system's ``/usr`` and the interpreter read-only, a fresh
-``/proc`` of its own PID namespace, a minimal read-only ``/dev``) and one writable place, a
+read-only ``/proc`` of its own PID namespace, a minimal read-only ``/dev``) and one writable place, a
 private size-capped tmpfs at ``/tmp`` that is its working directory and vanishes with it.
 It runs as uid 65534 without capabilities, cannot create user namespaces again, has only a
 loopback device, and dies with the worker. Inside, ``runner.py`` adds rlimits and a seccomp
 filter before the script runs; outside, the supervisor enforces wall-clock, output, disk and
-file-count limits.
+file-count limits. bwrap's own init (PID 1 inside) has neither the filter nor the rlimits, so
+nothing may write its memory: ``/proc`` is read-only (no ``/proc/1/mem`` opened for writing),
+and the filter refuses ptrace, ``process_vm_writev`` and pidfds.
 
 Outside its namespace the sandbox is never root. bwrap maps the sandbox's uid to the uid it is
 started as, so a worker that is not root gets its own uid there; a worker that is root starts
@@ -175,6 +177,7 @@ class BwrapSandbox:
             "--clearenv", *env,
             *filesystem_args(self.python),
             "--proc", "/proc",
+            "--remount-ro", "/proc",  # no process's memory written through /proc/<pid>/mem (bwrap's init)
             "--dev", "/dev",
             "--remount-ro", "/dev",
             "--size", str(limits.max_disk_bytes),

@@ -313,6 +313,7 @@ def _run_script(source: bytes, code_file: str = CODE_FILE, data: bytes = b"", da
 
 SHELL = "/bin/bash"
 PROXY_PORT = 3128  # inside the sandbox's own network namespace: its loopback, nobody else's
+PR_SET_DUMPABLE = 4
 
 
 def _relay(a: socket.socket, b: socket.socket) -> None:
@@ -330,11 +331,9 @@ def _relay(a: socket.socket, b: socket.socket) -> None:
 def _forward(listener: socket.socket, proxy_path: str, child: int) -> None:
     """The shell's way out, when the task allows hosts: each connection to 127.0.0.1:3128 in
     the sandbox goes to the worker's egress proxy over a Unix socket bound in, which checks
-    every destination (docs/SANDBOX.md). Runs in the sandbox's first process, which the shell
-    cannot trace (its filter) and whose memory it cannot read (not dumpable)."""
-    import ctypes as c
-
-    c.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+    every destination (docs/SANDBOX.md). Runs in the sandbox's first process, under no filter:
+    the shell cannot trace it (its filter), nor read its memory or open its /proc files (made
+    not dumpable before the fork, ``_run_shell``), nor write its memory (/proc is read-only)."""
     listener.settimeout(0.05)
     while True:
         done, status = os.waitpid(child, os.WNOHANG)
@@ -369,6 +368,10 @@ def _run_shell(command: bytes, config: dict[str, object], arch: str) -> None:
         listener.listen(64)
         url = f"http://127.0.0.1:{PROXY_PORT}"
         env.update({"http_proxy": url, "https_proxy": url, "HTTP_PROXY": url, "HTTPS_PROXY": url})
+        # Before the fork, not after it in the forwarder: the shell must never find this process
+        # dumpable, however soon it runs. The child's execve of bash makes it dumpable again.
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
         child = os.fork()
         if child:
             _forward(listener, str(proxy), child)
