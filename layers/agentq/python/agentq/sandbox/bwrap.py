@@ -234,6 +234,7 @@ class BwrapSandbox:
                     pass_fds=(write_end,),
                     env=env,
                     cwd="/",
+                    pipe_owner=owner,
                 )
             except FileNotFoundError as exc:
                 raise SandboxUnavailable(f"cannot start bubblewrap: {exc}") from None

@@ -74,6 +74,17 @@ def _feed(stream: IO[bytes], data: bytes) -> None:
             stream.close()
 
 
+def _owned_pipes(owner: tuple[int, int]) -> list[tuple[int, int]]:
+    """Two pipes (read end, write end) whose inode belongs to ``owner``. A worker that cannot
+    give them (``EINVAL``: the uid is not mapped in the user namespace it runs in) keeps them:
+    bwrap as that uid then fails to start anyway, and says why."""
+    pipes = [os.pipe() for _ in range(2)]  # not inheritable: Popen dup2s the write ends onto 1 and 2
+    for _, write in pipes:
+        with contextlib.suppress(OSError):
+            os.fchown(write, *owner)
+    return pipes
+
+
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -92,23 +103,37 @@ def supervise(
     usage_path: Callable[[], str | None],
     baseline: Usage | None = None,
     on_started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    pipe_owner: tuple[int, int] | None = None,
     **popen: Any,
 ) -> ExecResult:
     """Run ``argv`` with ``code`` on its stdin and return its result.
 
     ``usage_path`` names the filesystem to poll once it exists (``None`` until then, e.g.
     until bubblewrap has reported the sandbox's pid); ``baseline`` is subtracted from what it
-    reports, for a filesystem that is not empty when the run starts.
+    reports, for a filesystem that is not empty when the run starts. ``pipe_owner``: the uid
+    and gid the run is when that is not the worker's (``bwrap.outside_owner``), given its
+    stdout and stderr pipes: ``> /dev/stdout`` reopens the pipe through ``/proc/self/fd``,
+    which the kernel checks against the pipe's owner and mode (0600), as for any file.
     """
     started = time.monotonic()
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own process group: the kill reaches everything in it
-        **popen,
-    )
+    outputs = _owned_pipes(pipe_owner) if pipe_owner is not None else None
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=outputs[0][1] if outputs else subprocess.PIPE,
+            stderr=outputs[1][1] if outputs else subprocess.PIPE,
+            start_new_session=True,  # its own process group: the kill reaches everything in it
+            **popen,
+        )
+    except BaseException:
+        for fd in [fd for pair in outputs or () for fd in pair]:
+            os.close(fd)
+        raise
+    if outputs:
+        for (read, write), name in zip(outputs, ("stdout", "stderr"), strict=True):
+            os.close(write)
+            setattr(proc, name, os.fdopen(read, "rb"))
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     out, err = Drain(proc.stdout, limits.max_output_bytes), Drain(proc.stderr, limits.max_output_bytes)
     out.start()
