@@ -5,7 +5,8 @@
 - ``bwrap`` (the default): bubblewrap on the worker's host (local stack, a worker on a VM);
 - ``lambda``: the sandbox Lambda function named by ``AGENTQ_SANDBOX_FUNCTION`` (what the CDK
   stack sets for the Lambda executor and the Fargate worker, where namespaces are not allowed);
-- ``off``: code execution refused.
+- ``off``: code execution refused, in a task's workspace too (``shell`` and ``python_exec``
+  check it there: ``core.tools.workspace.check_code_allowed``); the file tools stay.
 
 A setting that cannot be used gives a sandbox that refuses every call and says why, rather
 than an exception at start-up: the other tools keep working, and ``python_exec`` answers the

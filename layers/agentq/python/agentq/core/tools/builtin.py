@@ -23,7 +23,7 @@ from agentq.core.tools._core import ToolRegistry, ToolSpec, tool
 from agentq.core.tools.credentials import check_headers, credentialed, vault_headers, whole_answer
 from agentq.core.tools.fetch import FetchPolicy
 from agentq.core.tools.fetch import get as guarded_get
-from agentq.core.tools.workspace import WORKSPACE_TOOL_SPECS
+from agentq.core.tools.workspace import WORKSPACE_TOOL_SPECS, check_code_allowed, workspace_tool_specs
 from agentq.sandbox.base import CodeSandbox, ExecRequest, SandboxLimits
 
 # --- http_fetch -------------------------------------------------------------------------------
@@ -129,15 +129,15 @@ def python_exec_tool(sandbox: CodeSandbox | None = None) -> ToolSpec:
         The sandbox is a process the worker can kill hard (runaway loop, memory blow-up) and
         that cannot see the worker, its credentials, other calls or the network.
         """
+        box = current()
+        check_code_allowed(box)  # a workspace's code runs in its own bubblewrap, not in ``box``
         timeout = timeout_seconds
         remaining = ctx.remaining() if ctx is not None else None
         if remaining is not None:
             timeout = max(0.5, min(timeout, remaining - 1.0))  # leave time to kill and report
         if ctx is not None and ctx.workspace is not None:
             result = ctx.workspace.python(code, timeout, memory_mb)
-            box: CodeSandbox = current()
         else:
-            box = current()
             result = box.run(ExecRequest(code=code, timeout_seconds=timeout, memory_mb=memory_mb))
         status = f"exit code {result.exit_code}"
         limits = getattr(box, "limits", None) or SandboxLimits()
@@ -224,10 +224,17 @@ def default_registry(*, sandbox: CodeSandbox | None = None, fetch_policy: FetchP
 
     ``sandbox`` and ``fetch_policy`` are the deployment's (``agentq.runtime.build_registry``
     reads them from the environment); left out, python_exec uses bubblewrap on this host and
-    http_fetch contacts public addresses only.
+    http_fetch contacts public addresses only. A ``sandbox`` that refuses (``AGENTQ_SANDBOX=off``)
+    refuses ``shell`` too, and python_exec in a workspace: no model-written code runs.
     """
     if sandbox is None and fetch_policy is None:
         return ToolRegistry(BUILTIN_TOOLS)
     return ToolRegistry(
-        (http_fetch_tool(fetch_policy), python_exec_tool(sandbox), note_write, note_read, *WORKSPACE_TOOL_SPECS)
+        (
+            http_fetch_tool(fetch_policy),
+            python_exec_tool(sandbox),
+            note_write,
+            note_read,
+            *workspace_tool_specs(sandbox),
+        )
     )

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from agentq.core.tools._context import ToolContext, WorkspaceAccess
 from agentq.core.tools._core import ToolSpec, tool
+from agentq.sandbox.base import CodeSandbox, RefusingSandbox, SandboxUnavailable
 
 Path = Annotated[
     str,
@@ -38,6 +39,16 @@ def _workspace(ctx: ToolContext | None) -> WorkspaceAccess:
     return ctx.workspace
 
 
+def check_code_allowed(sandbox: CodeSandbox | None) -> None:
+    """Raise the deployment's refusal when its sandbox setting (``AGENTQ_SANDBOX``: ``off``, or
+    one it cannot use) runs no code. A tool that runs model-written code in the workspace's
+    bubblewrap (``shell``, ``python_exec`` of a task with a workspace) never goes through that
+    sandbox, so it asks here first: "off" means no code runs, in a workspace or not. The file
+    tools run only agentq's own code (``sandbox.fileops``) and stay."""
+    if isinstance(sandbox, RefusingSandbox):
+        raise SandboxUnavailable(sandbox.reason)
+
+
 def _bounded(timeout: float, ctx: ToolContext | None, slack: float = 1.0) -> float:
     remaining = ctx.remaining() if ctx is not None else None
     if remaining is not None:
@@ -45,29 +56,39 @@ def _bounded(timeout: float, ctx: ToolContext | None, slack: float = 1.0) -> flo
     return timeout
 
 
-@tool(name="shell", timeout_seconds=MAX_SHELL_SECONDS + 15)
-def shell(
-    command: Annotated[
-        str, Field(min_length=1, max_length=100_000, description="A bash command line, run in the workspace.")
-    ],
-    timeout_seconds: Annotated[
-        float, Field(gt=0, le=MAX_SHELL_SECONDS, description="Wall-clock limit; everything is killed when reached.")
-    ] = 60.0,
-    ctx: ToolContext | None = None,
-) -> str:
-    """Run a bash command line in the task's workspace (the working directory, /workspace) and return its exit code, stdout and stderr (each cut at 32 KB). bash, git, python3 and the usual coreutils are there; the workspace is the only writable place and is kept across steps and restarts. Processes do not outlive the call: when it returns, everything it started, background jobs included, has been killed. There is no network, except the hosts this task allows, reached through the proxy already set in http_proxy/https_proxy. A command that reached one of those hosts runs at most once: if the worker stops before its step is saved, it is not run again and you are told its outcome is unknown (check, then retry if needed). A command that used no network may run again after a worker crash, on the workspace as the last saved step left it; keep network steps (clone, download, push) in commands of their own.
+def shell_tool(sandbox: CodeSandbox | None = None) -> ToolSpec:
+    """``shell`` under the deployment's sandbox setting: refused when it runs no code
+    (``check_code_allowed``), else run in the task's workspace."""
 
-    Replay-safe when it stays in the workspace: a worker that dies mid-command leaves no trace
-    of it, because the next worker restores the workspace as the last committed step left it.
-    """
-    timeout = _bounded(timeout_seconds, ctx)
-    result = _workspace(ctx).shell(command, timeout)
-    status = f"exit code {result.exit_code}"
-    if result.timed_out:
-        status += f" (timed out after {timeout:.1f}s; every process of the command was killed)"
-    elif result.exit_code < 0:
-        status += " (killed by a signal: a limit of the sandbox, most likely memory or file size)"
-    return f"{status}\n--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
+    @tool(name="shell", timeout_seconds=MAX_SHELL_SECONDS + 15)
+    def shell(
+        command: Annotated[
+            str, Field(min_length=1, max_length=100_000, description="A bash command line, run in the workspace.")
+        ],
+        timeout_seconds: Annotated[
+            float, Field(gt=0, le=MAX_SHELL_SECONDS, description="Wall-clock limit; everything is killed when reached.")
+        ] = 60.0,
+        ctx: ToolContext | None = None,
+    ) -> str:
+        """Run a bash command line in the task's workspace (the working directory, /workspace) and return its exit code, stdout and stderr (each cut at 32 KB). bash, git, python3 and the usual coreutils are there; the workspace is the only writable place and is kept across steps and restarts. Processes do not outlive the call: when it returns, everything it started, background jobs included, has been killed. There is no network, except the hosts this task allows, reached through the proxy already set in http_proxy/https_proxy. A command that reached one of those hosts runs at most once: if the worker stops before its step is saved, it is not run again and you are told its outcome is unknown (check, then retry if needed). A command that used no network may run again after a worker crash, on the workspace as the last saved step left it; keep network steps (clone, download, push) in commands of their own.
+
+        Replay-safe when it stays in the workspace: a worker that dies mid-command leaves no trace
+        of it, because the next worker restores the workspace as the last committed step left it.
+        """
+        check_code_allowed(sandbox)
+        timeout = _bounded(timeout_seconds, ctx)
+        result = _workspace(ctx).shell(command, timeout)
+        status = f"exit code {result.exit_code}"
+        if result.timed_out:
+            status += f" (timed out after {timeout:.1f}s; every process of the command was killed)"
+        elif result.exit_code < 0:
+            status += " (killed by a signal: a limit of the sandbox, most likely memory or file size)"
+        return f"{status}\n--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
+
+    return shell
+
+
+shell = shell_tool()
 
 
 @tool
@@ -126,4 +147,10 @@ def search_files(
     return _workspace(ctx).file_op("search", writable=False, pattern=pattern, path=path, max_results=max_results)
 
 
-WORKSPACE_TOOL_SPECS: tuple[ToolSpec, ...] = (shell, read_file, write_file, edit_file, list_files, search_files)
+FILE_TOOL_SPECS: tuple[ToolSpec, ...] = (read_file, write_file, edit_file, list_files, search_files)
+WORKSPACE_TOOL_SPECS: tuple[ToolSpec, ...] = (shell, *FILE_TOOL_SPECS)
+
+
+def workspace_tool_specs(sandbox: CodeSandbox | None = None) -> tuple[ToolSpec, ...]:
+    """The workspace tools, ``shell`` under the deployment's sandbox setting."""
+    return (shell_tool(sandbox), *FILE_TOOL_SPECS) if sandbox is not None else WORKSPACE_TOOL_SPECS
