@@ -178,7 +178,7 @@ class WorkspaceSandbox:
         memory = max(256, math.ceil(4 * self.limits.max_read_bytes / (1024 * 1024)) + 192)
         result = self._files.run(ExecRequest(code=code + data, timeout_seconds=timeout, memory_mb=memory), setup)
         if result.timed_out:
-            raise WorkspaceRefused(f"the {op} operation timed out after {timeout:.0f}s")
+            raise WorkspaceRefused(f"the {op} operation timed out after {timeout:.1f}s")
         at = result.stdout.rfind(ANSWER_MARK)
         if result.exit_code != 0 or at < 0:
             raise WorkspaceRefused(f"the {op} operation failed: {result.stderr.strip()[-500:] or result.exit_code}")

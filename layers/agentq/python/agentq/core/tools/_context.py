@@ -59,6 +59,12 @@ class WorkspaceAccess(Protocol):
     def file_op(self, op: str, *, writable: bool, **args: Any) -> str: ...
 
 
+class DeadlineNear(Exception):
+    """A tool that bounds itself by the task's deadline (``ToolContext.bound``) was not started:
+    too little is left to run it and still kill what it would start before the deadline. The
+    registry reports it as the call's timeout."""
+
+
 def idempotency_key_for(task_id: str, tool_use_id: str) -> str:
     """The key a side-effecting tool passes to the outside world (payment API, email sender...).
 
@@ -131,3 +137,19 @@ class ToolContext:
     def remaining(self) -> float | None:
         """Seconds left before the deadline, for tools that bound their own I/O by it."""
         return None if self.deadline is None else self.deadline - time.time()
+
+    def bound(self, timeout: float, *, slack: float = 1.0, least: float = 0.5) -> float:
+        """``timeout`` cut to end ``slack`` seconds before the deadline (the time to kill what
+        the call started and report), for a tool that kills its processes at that bound (a
+        sandboxed call). ``DeadlineNear`` when that leaves less than ``least``: a call that
+        would run past the deadline is not started, rather than started and left running
+        after the registry gave up on it (the engine would scan a workspace it still writes)."""
+        remaining = self.remaining()
+        if remaining is None:
+            return timeout
+        if remaining - slack < least:
+            raise DeadlineNear(
+                f"{max(0.0, remaining):.1f}s are left before the task's deadline; a sandboxed call needs at least "
+                f"{slack + least:.1f}s to run and be killed before it"
+            )
+        return min(timeout, remaining - slack)

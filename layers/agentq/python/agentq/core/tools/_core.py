@@ -33,7 +33,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict
 
 from agentq.core.graders import GraderSpec
-from agentq.core.tools._context import ToolContext
+from agentq.core.tools._context import DeadlineNear, ToolContext
 from agentq.core.tools._schema import input_schema
 from agentq.observe.redaction import redact
 
@@ -66,6 +66,11 @@ class ToolSpec:
     # A tool described by a schema of its own (an MCP server's): ``fn`` gets the input as
     # ``arguments`` (a dict) and the server validates it; ``input_model`` is not used.
     raw_schema: dict[str, Any] | None = None
+    # The tool ends by ``ctx.deadline`` on its own, having killed whatever it started
+    # (``ToolContext.bound``: the sandboxed tools). In a task with a workspace the registry
+    # waits for it (up to ``timeout_seconds``) instead of giving up at the deadline, so no
+    # process of the call is left writing the workspace the engine then scans.
+    bounds_itself: bool = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -91,6 +96,7 @@ def tool(
     description: str | None = None,
     side_effects: bool = False,
     timeout_seconds: float = 30.0,
+    bounds_itself: bool = False,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
 
@@ -101,6 +107,7 @@ def tool(
     description: str | None = None,
     side_effects: bool = False,
     timeout_seconds: float = 30.0,
+    bounds_itself: bool = False,
 ) -> ToolSpec | Callable[[Callable[..., Any]], ToolSpec]:
     """Declare a function as a tool; usable bare (``@tool``) or with options.
 
@@ -109,6 +116,8 @@ def tool(
     Parameters become the input schema: a default makes a parameter optional and
     ``Annotated[..., Field(description=...)]`` documents it for the model. A parameter
     annotated ``ToolContext`` (or ``ToolContext | None``) is left out and injected at call time.
+    ``bounds_itself=True`` promises that the tool ends by the context's deadline on its own
+    (``ToolSpec.bounds_itself``).
     """
 
     def decorate(f: Callable[..., Any]) -> ToolSpec:
@@ -118,6 +127,7 @@ def tool(
             description=description,
             side_effects=side_effects,
             timeout_seconds=timeout_seconds,
+            bounds_itself=bounds_itself,
         )
 
     if fn is not None:
@@ -132,6 +142,7 @@ def _build_spec(
     description: str | None,
     side_effects: bool,
     timeout_seconds: float,
+    bounds_itself: bool = False,
 ) -> ToolSpec:
     tool_name = name or fn.__name__
     if not TOOL_NAME_PATTERN.fullmatch(tool_name):
@@ -176,6 +187,7 @@ def _build_spec(
         fn=fn,
         input_model=input_model,
         wants_context=wants_context,
+        bounds_itself=bounds_itself,
     )
 
 
@@ -287,7 +299,8 @@ class ToolRegistry:
         be killed, so a timed-out pure-Python tool may keep running in the background until it
         returns on its own (its thread is a daemon, so it never holds up interpreter exit).
         Tools that need a hard kill, like ``python_exec``, do their work in a subprocess and
-        bound it themselves.
+        bound it themselves; in a task with a workspace such a tool (``bounds_itself``) is
+        waited for past the deadline, never abandoned with its processes still writing there.
         """
         started = time.monotonic()
 
@@ -323,9 +336,14 @@ class ToolRegistry:
 
             limit = spec.timeout_seconds
             if ctx.deadline is not None:
-                limit = min(limit, ctx.deadline - time.time())
-            if limit <= 0:
-                return result(f"tool {name!r} timed out after 0.0s (the task deadline has passed)", "timeout")
+                left = ctx.deadline - time.time()
+                if left <= 0:
+                    return result(f"tool {name!r} timed out after 0.0s (the task deadline has passed)", "timeout")
+                # A tool that kills what it started at its own bound is waited for when what it
+                # started may write the workspace; elsewhere (python_exec's private /tmp, the
+                # sandbox function) giving up at the deadline leaves nothing the engine reads.
+                if not (spec.bounds_itself and ctx.workspace is not None):
+                    limit = min(limit, left)
 
             future = _run_in_thread(spec, kwargs)
             done, _ = wait([future], timeout=limit)
@@ -333,6 +351,8 @@ class ToolRegistry:
                 logger.warning("tool %s timed out after %.1fs (task %s)", name, limit, ctx.task_id)
                 return result(f"tool {name!r} timed out after {limit:.1f}s", "timeout")
             failure = future.exception()
+            if isinstance(failure, DeadlineNear):
+                return result(f"tool {name!r} was not started: {failure}", "timeout")
             if failure is not None:
                 logger.info("tool %s raised (task %s)", name, ctx.task_id, exc_info=failure)
                 return result(_describe_exception(failure), failed=backend_down(failure))

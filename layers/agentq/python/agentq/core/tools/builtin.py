@@ -113,7 +113,7 @@ def python_exec_tool(sandbox: CodeSandbox | None = None) -> ToolSpec:
             chosen.append(BwrapSandbox())
         return chosen[0]
 
-    @tool(name="python_exec", timeout_seconds=75.0)
+    @tool(name="python_exec", timeout_seconds=75.0, bounds_itself=True)
     def python_exec(
         code: Annotated[
             str, Field(min_length=1, max_length=100_000, description="Python 3 source to run as a script.")
@@ -131,10 +131,7 @@ def python_exec_tool(sandbox: CodeSandbox | None = None) -> ToolSpec:
         """
         box = current()
         check_code_allowed(box)  # a workspace's code runs in its own bubblewrap, not in ``box``
-        timeout = timeout_seconds
-        remaining = ctx.remaining() if ctx is not None else None
-        if remaining is not None:
-            timeout = max(0.5, min(timeout, remaining - 1.0))  # leave time to kill and report
+        timeout = ctx.bound(timeout_seconds) if ctx is not None else timeout_seconds  # time to kill and report
         if ctx is not None and ctx.workspace is not None:
             result = ctx.workspace.python(code, timeout, memory_mb)
         else:

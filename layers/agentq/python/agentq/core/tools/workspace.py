@@ -14,7 +14,7 @@ description tells the model.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -31,6 +31,7 @@ Path = Annotated[
     ),
 ]
 MAX_SHELL_SECONDS = 600
+FILE_OP_SECONDS = 20.0  # a file tool's sandbox is killed after this, or sooner at the task's deadline
 
 
 def _workspace(ctx: ToolContext | None) -> WorkspaceAccess:
@@ -49,18 +50,21 @@ def check_code_allowed(sandbox: CodeSandbox | None) -> None:
         raise SandboxUnavailable(sandbox.reason)
 
 
-def _bounded(timeout: float, ctx: ToolContext | None, slack: float = 1.0) -> float:
-    remaining = ctx.remaining() if ctx is not None else None
-    if remaining is not None:
-        timeout = max(0.5, min(timeout, remaining - slack))
-    return timeout
+def _bounded(timeout: float, ctx: ToolContext | None) -> float:
+    """The call's bound: ``timeout``, cut to end before the task's deadline (``ToolContext.bound``:
+    the sandbox is killed at it, and the registry waits for that instead of abandoning the call)."""
+    return timeout if ctx is None else ctx.bound(timeout)
+
+
+def _file_op(ctx: ToolContext | None, op: str, *, writable: bool, **args: Any) -> str:
+    return _workspace(ctx).file_op(op, writable=writable, timeout=_bounded(FILE_OP_SECONDS, ctx), **args)
 
 
 def shell_tool(sandbox: CodeSandbox | None = None) -> ToolSpec:
     """``shell`` under the deployment's sandbox setting: refused when it runs no code
     (``check_code_allowed``), else run in the task's workspace."""
 
-    @tool(name="shell", timeout_seconds=MAX_SHELL_SECONDS + 15)
+    @tool(name="shell", timeout_seconds=MAX_SHELL_SECONDS + 15, bounds_itself=True)
     def shell(
         command: Annotated[
             str, Field(min_length=1, max_length=100_000, description="A bash command line, run in the workspace.")
@@ -91,7 +95,7 @@ def shell_tool(sandbox: CodeSandbox | None = None) -> ToolSpec:
 shell = shell_tool()
 
 
-@tool
+@tool(timeout_seconds=FILE_OP_SECONDS + 15, bounds_itself=True)
 def read_file(
     path: Path,
     start_line: Annotated[int, Field(ge=1, description="First line to show (1-based).")] = 1,
@@ -99,20 +103,20 @@ def read_file(
     ctx: ToolContext | None = None,
 ) -> str:
     """Read a UTF-8 text file of the workspace, whole or a range of lines. Binary files, files over 2 MB and paths outside the workspace are refused with the reason."""
-    return _workspace(ctx).file_op("read", writable=False, path=path, start_line=start_line, max_lines=max_lines)
+    return _file_op(ctx, "read", writable=False, path=path, start_line=start_line, max_lines=max_lines)
 
 
-@tool
+@tool(timeout_seconds=FILE_OP_SECONDS + 15, bounds_itself=True)
 def write_file(
     path: Path,
     content: Annotated[str, Field(max_length=10_000_000, description="The file's whole new content (UTF-8).")],
     ctx: ToolContext | None = None,
 ) -> str:
     """Create or overwrite a text file in the workspace with the given content; missing directories are created."""
-    return _workspace(ctx).file_op("write", writable=True, path=path, content=content)
+    return _file_op(ctx, "write", writable=True, path=path, content=content)
 
 
-@tool
+@tool(timeout_seconds=FILE_OP_SECONDS + 15, bounds_itself=True)
 def edit_file(
     path: Path,
     old_string: Annotated[str, Field(min_length=1, description="The exact text to replace, whitespace included.")],
@@ -121,22 +125,22 @@ def edit_file(
     ctx: ToolContext | None = None,
 ) -> str:
     """Replace an exact string in a workspace text file. old_string must occur exactly once unless replace_all is set; include surrounding lines to make it unique."""
-    return _workspace(ctx).file_op(
-        "edit", writable=True, path=path, old_string=old_string, new_string=new_string, replace_all=replace_all
+    return _file_op(
+        ctx, "edit", writable=True, path=path, old_string=old_string, new_string=new_string, replace_all=replace_all
     )
 
 
-@tool
+@tool(timeout_seconds=FILE_OP_SECONDS + 15, bounds_itself=True)
 def list_files(
     path: Annotated[str, Field(max_length=4096, description="A directory relative to the workspace root.")] = ".",
     recursive: Annotated[bool, Field(description="List the whole tree below it.")] = False,
     ctx: ToolContext | None = None,
 ) -> str:
     """List a workspace directory: subdirectories end with '/', files show their size, links their target."""
-    return _workspace(ctx).file_op("list", writable=False, path=path, recursive=recursive)
+    return _file_op(ctx, "list", writable=False, path=path, recursive=recursive)
 
 
-@tool
+@tool(timeout_seconds=FILE_OP_SECONDS + 15, bounds_itself=True)
 def search_files(
     pattern: Annotated[str, Field(min_length=1, max_length=1000, description="A Python regular expression.")],
     path: Annotated[str, Field(max_length=4096, description="A file or directory to search in.")] = ".",
@@ -144,7 +148,7 @@ def search_files(
     ctx: ToolContext | None = None,
 ) -> str:
     """Search the workspace's text files for lines matching a regular expression (like grep -rn; .git is skipped). Answers path:line: text."""
-    return _workspace(ctx).file_op("search", writable=False, pattern=pattern, path=path, max_results=max_results)
+    return _file_op(ctx, "search", writable=False, pattern=pattern, path=path, max_results=max_results)
 
 
 FILE_TOOL_SPECS: tuple[ToolSpec, ...] = (read_file, write_file, edit_file, list_files, search_files)
