@@ -226,7 +226,7 @@ def test_a_soft_threshold_the_grading_call_would_pass_pauses_for_approval_as_the
     task_id = _create_in_scope(store, "agent", "helper")
     assert _again(store, registry, task_id).status is TaskStatus.PAUSED
     asked = store.approvals.pending(task_id)
-    assert asked is not None and asked.use_id.startswith("cap-agent-day-") and "soft threshold" in asked.question
+    assert asked is not None and asked.use_id.startswith("agentq-cap-agent-day-") and "soft threshold" in asked.question
     assert store.tasks.get(task_id).inflight is None  # it waits holding nothing
     assert store.budgets.get(task_id).reserved == 0
     assert store.caps.usage("t", "agent", "helper")["day_tokens"] == agent

@@ -132,7 +132,7 @@ def test_a_soft_threshold_pauses_for_approval_then_the_task_goes_on_to_the_cap(
     paused = engine.run(task_id)
     assert paused.status is TaskStatus.PAUSED
     asked = store.approvals.pending(task_id)
-    assert asked is not None and asked.use_id.startswith("cap-user-hour-") and "soft threshold" in asked.question
+    assert asked is not None and asked.use_id.startswith("agentq-cap-user-hour-") and "soft threshold" in asked.question
     at_pause = store.caps.usage("acme", "user", "alice")
     assert at_pause["hour_tokens"] == at_pause["hour_used_tokens"] <= 3_000  # nothing held while it waits
     assert store.tasks.get(task_id).inflight is None

@@ -38,6 +38,7 @@ from agentq.api.views import task_result
 from agentq.control.conversations import send_message
 from agentq.control.operations import owned_task
 from agentq.control.submit import parse_submission, submit_once
+from agentq.core.call_keys import is_cap_approval
 from agentq.core.endusers import Caller
 from agentq.core.errors import AgentqError, TaskNotFound
 from agentq.core.models import MAX_GOAL_CHARS, MAX_MESSAGE_CHARS, MAX_TIMEOUT_SECONDS, Task, TaskStatus
@@ -358,7 +359,7 @@ def _paused(deps: McpDeps, task: Task) -> str:
     pending = deps.store.approvals.pending(task.task_id)
     if pending is None:  # asked and decided meanwhile, or its request not written yet
         what = "paused, waiting for a person's decision"
-    elif pending.use_id.startswith("cap-"):  # a budget pause: a cap's soft threshold (core.caps.approval_id)
+    elif is_cap_approval(pending.use_id):  # a budget pause: a cap's soft threshold (core.caps.approval_id)
         what = f"paused before its next model call, waiting for a person's approval to spend on: {pending.question}"
     elif pending.credential:
         name, host = pending.credential.get("name", ""), pending.credential.get("host", "")

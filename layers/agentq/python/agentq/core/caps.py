@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from agentq.core.call_keys import OWN_KEYS
 from agentq.core.errors import AgentqError, ValidationError
 
 if TYPE_CHECKING:
@@ -176,8 +177,11 @@ def seconds_to_next(window: Window, now: float) -> int:
 
 def approval_id(scope: Scope, window: Window, period: str) -> str:
     """The id of the approval a task asks for to go past a soft threshold: one per scope, window
-    and period (a new day asks again), never a tool call's id."""
-    return f"cap-{scope}-{window}-{period}"
+    and period (a new day asks again). Under ``call_keys.OWN_KEYS``, which no tool call's
+    approval is keyed under: a model whose call's id spelt it (``cap-user-day-...``, as these
+    were) had its end user's approval of that call pass the tenant's threshold. One asked under
+    the old id by a task in flight at the deploy is asked again, of the tenant."""
+    return f"{OWN_KEYS}cap-{scope}-{window}-{period}"
 
 
 class CapNotFound(AgentqError):

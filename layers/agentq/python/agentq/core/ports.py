@@ -192,6 +192,8 @@ class ApprovalBook(Protocol):
         *,
         credential: dict[str, str] | None = None,
         approver: Approver = "user",
+        step: int | None = None,
+        tool: str | None = None,
     ) -> None: ...
 
     def decide(
@@ -223,6 +225,7 @@ class SpawnBook(Protocol):
         children: list[ChildPlan],
         pending: list[ToolOutcome],
         max_concurrency: int,
+        step: int | None = None,
     ) -> bool: ...
 
     def write_children(self, lease: Lease, parent: Task, spawn_id: str, children: list[ChildPlan]) -> None: ...
@@ -231,7 +234,7 @@ class SpawnBook(Protocol):
 
 
 class EffectLog(Protocol):
-    def begin(self, lease: Lease, tool_use_id: str, name: str) -> EffectRecord | None: ...
+    def begin(self, lease: Lease, tool_use_id: str, name: str, step: int | None = None) -> EffectRecord | None: ...
 
     def finish(self, lease: Lease, tool_use_id: str, outcome: ToolOutcome) -> None: ...
 

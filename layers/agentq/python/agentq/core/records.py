@@ -89,6 +89,11 @@ class EffectRecord:
     # A remote A2A agent's call: the task it started there (id, endpoint, context, the
     # questions already answered), recorded once the send answered (``core.engine._remote``).
     remote: dict[str, Any] | None = None
+    # The call it was begun for (``core.call_keys``): its LLM step and tool, and when (a
+    # record without a step was begun before records named their call).
+    step: int | None = None
+    tool: str | None = None
+    started_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,10 @@ class ApprovalRecord:
     # Who may decide it, fixed when it was asked (``core.endusers.Approver``). A record asked
     # before approvers existed has none stored: ``user``, who could decide it when it was asked.
     approver: Approver = "user"
+    # The call it was asked for (``core.call_keys``): its LLM step and tool (None: a soft
+    # threshold's, or one asked before records named their call).
+    step: int | None = None
+    tool: str | None = None
 
     def may_decide(self, by_user: str | None) -> bool:
         """Whether a decision made by ``by_user``'s token (None: a tenant's API key, or agentq
@@ -174,6 +183,7 @@ class SpawnRecord:
     woken: bool = False
     pending: list[ToolOutcome] = field(default_factory=list)
     plans: list[ChildPlan] = field(default_factory=list)
+    step: int | None = None  # the LLM step of the call that spawned it (``core.call_keys``; None: from before)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ def _record(raw: Item) -> ApprovalRecord:
         credential=d.get("credential"),
         decided_by_user=d.get("decided_by_user"),
         approver=d.get("approver", "user"),
+        step=int(d["step"]) if "step" in d else None,
+        tool=d.get("tool"),
     )
 
 
@@ -52,11 +54,14 @@ class Approvals:
         *,
         credential: dict[str, str] | None = None,
         approver: Approver = "user",
+        step: int | None = None,
+        tool: str | None = None,
     ) -> None:
         """Record a pending approval and pause the task, in one fenced transaction.
         ``credential`` (``{"name", "host"}``): the pause waits for the user to add that
         credential (``request_credential``), and its record and event name it. ``approver``:
-        who may decide it (``tenant``: its API keys only), on the record and its event."""
+        who may decide it (``tenant``: its API keys only), on the record and its event.
+        ``step`` and ``tool``: the call it is asked for (``core.call_keys``), on the record."""
         record = {
             **keys.item_key(lease.task_id, f"{keys.APPROVAL}{use_id}"),
             "state": "pending",
@@ -64,6 +69,8 @@ class Approvals:
             "asked_at": time.time(),
             "approver": approver,
             **({"credential": credential} if credential else {}),
+            **({"step": step} if step is not None else {}),
+            **({"tool": tool} if tool is not None else {}),
         }
         paused = NewEvent("task.status", {"status": TaskStatus.PAUSED.value, "approval": use_id})
         asked = NewEvent("approval.requested", {"tool_use_id": use_id, "question": question[:EVENT_TEXT_CHARS],

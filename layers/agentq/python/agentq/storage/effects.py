@@ -24,14 +24,16 @@ class Effects:
         self.table = table
         self.payloads = payloads
 
-    def begin(self, lease: Lease, tool_use_id: str, name: str) -> EffectRecord | None:
-        """Record that a side-effecting tool is about to run; None means "go ahead, run it"."""
+    def begin(self, lease: Lease, tool_use_id: str, name: str, step: int | None = None) -> EffectRecord | None:
+        """Record that a side-effecting tool is about to run; None means "go ahead, run it".
+        ``step``: the LLM step of the call it is begun for (``core.call_keys``), on the record."""
         item = {
             **keys.item_key(lease.task_id, f"{keys.EFFECT}{tool_use_id}"),
             "tool": name,
             "state": "started",
             "epoch": lease.epoch,
             "started_at": time.time(),
+            **({"step": step} if step is not None else {}),
         }
         try:
             self.table.transact(
@@ -88,4 +90,7 @@ class Effects:
             is_error=bool(data.get("is_error", False)),
             epoch=data["epoch"],
             remote=data.get("remote"),
+            step=int(data["step"]) if "step" in data else None,
+            tool=data.get("tool"),
+            started_at=float(data.get("started_at", 0.0)),
         )

@@ -64,9 +64,10 @@ class Spawns:
         children: list[ChildPlan],
         pending: list[ToolOutcome],
         max_concurrency: int,
+        step: int | None = None,
     ) -> bool:
         """Create the spawn record and every child (META + funded budget). Returns False when
-        the spawn already existed."""
+        the spawn already existed. ``step``: the LLM step of the spawning call (``core.call_keys``)."""
         total = sum(c.share for c in children)
         payload = json.dumps(
             {
@@ -89,6 +90,7 @@ class Spawns:
             "state": "creating",
             "created_at": time.time(),
             "epoch": lease.epoch,
+            **({"step": step} if step is not None else {}),
             **self.payloads.encode(
                 f"{keys.payload_prefix(parent.task_id)}spawns/{spawn_id}-e{lease.epoch}.json", payload
             ),
@@ -203,6 +205,7 @@ class Spawns:
             woken=bool(d.get("woken", False)),
             pending=pending,
             plans=plans,
+            step=int(d["step"]) if "step" in d else None,
         )
 
     def mark(self, parent_id: str, spawn_id: str, *, lease: Lease | None = None, **fields: Any) -> None:

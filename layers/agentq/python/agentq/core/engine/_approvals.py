@@ -3,7 +3,9 @@
 
 A decision is stored once and read by every later attempt, so a resumed worker never asks
 again for what was decided and never runs a rejected call. Until one is made the task parks in
-``paused`` and holds nothing (its message comes back when the decision is made).
+``paused`` and holds nothing (its message comes back when the decision is made). A decision is
+its call's own: the record names the call's step and tool, and one another call made under the
+same tool_use id (a later turn reusing it) is never read as this call's (``core.call_keys``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from typing import Any
 
 from agentq.core.approval import APPROVAL_TOOL, credential_outcome, credential_question, decision_outcome
+from agentq.core.call_keys import CallRef, own_record
 from agentq.core.endusers import Approver
 from agentq.core.engine._credentials import TaskCredentials
 from agentq.core.engine._operation import RecordedOperation, Settled
@@ -34,16 +37,19 @@ class Decision(RecordedOperation[ApprovalRecord, "ApprovalRecord | RunResult"]):
     ) -> None:
         self.approvals, self.s, self.use, self.question, self.approver = approvals, s, use, question, approver
         self._asked: ApprovalRecord | None = None  # asked before, not decided yet (a resumed worker)
+        self.call = s.call(use)
+        self.key = self.call.first
 
     def check(self) -> ApprovalRecord | None:
-        record = self.approvals.get(self.s.task_id, self.use["id"])
+        self.key, record = own_approval(self.approvals, self.s.task_id, self.call)
         if record is not None and record.state != "pending":
             return record
         self._asked = record
         return None
 
     def create(self) -> None:
-        self.approvals.request(self.s.lease, self.use["id"], self.question, approver=self.approver)
+        self.approvals.request(self.s.lease, self.key, self.question, approver=self.approver,
+                               step=self.call.step, tool=self.call.name)  # fmt: skip
 
     def check_again(self) -> ApprovalRecord | None:
         return None  # just asked: nobody has decided yet
@@ -72,9 +78,11 @@ class CredentialRequest(RecordedOperation[ApprovalRecord, "ApprovalRecord | RunR
         args = use.get("input") or {}
         self.name, self.host = str(args.get("name", "")), str(args.get("host", ""))[:255]
         self.reason = str(args.get("reason", ""))[:2000]
+        self.call = s.call(use)
+        self.key = self.call.first
 
     def check(self) -> ApprovalRecord | None:
-        record = self.approvals.get(self.s.task_id, self.use["id"])
+        self.key, record = own_approval(self.approvals, self.s.task_id, self.call)
         return record if record is not None and record.state != "pending" else None
 
     def create(self) -> None:
@@ -82,9 +90,10 @@ class CredentialRequest(RecordedOperation[ApprovalRecord, "ApprovalRecord | RunR
             raise Settled(None)
         s = self.s
         for owner in dict.fromkeys([s.task.user, None]):  # a tenant-wide credential satisfies it too
-            self.vault.wait(s.task.tenant, owner, self.name, s.task_id, self.use["id"])
+            self.vault.wait(s.task.tenant, owner, self.name, s.task_id, self.key)
         question = credential_question(s.task.user, self.name, self.host, self.reason)
-        self.approvals.request(s.lease, self.use["id"], question, credential={"name": self.name, "host": self.host})
+        self.approvals.request(s.lease, self.key, question, credential={"name": self.name, "host": self.host},
+                               step=self.call.step, tool=self.call.name)  # fmt: skip
 
     def check_again(self) -> ApprovalRecord | None:
         return None
@@ -96,15 +105,20 @@ class CredentialRequest(RecordedOperation[ApprovalRecord, "ApprovalRecord | RunR
         s.task = s.task.model_copy(update={"status": TaskStatus.PAUSED})
         if self.credentials.has(self.name):  # added between the look and the pause: wake now
             try:
-                self.approvals.decide(s.task_id, self.use["id"], approved=True, by="vault",
+                self.approvals.decide(s.task_id, self.key, approved=True, by="vault",
                                       note=f"credential {self.name!r} was added")  # fmt: skip
             except IllegalTransition:  # the vault's write decided first: its message resumes the task
                 return RunResult(s.task_id, "waiting", status=TaskStatus.PAUSED)
             for owner in dict.fromkeys([s.task.user, None]):
-                self.vault.unwait(s.task.tenant, owner, self.name, s.task_id, self.use["id"])
+                self.vault.unwait(s.task.tenant, owner, self.name, s.task_id, self.key)
             return RunResult(s.task_id, "deferred", status=TaskStatus.QUEUED,
                              error={"retry_after": 1, "message": f"credential {self.name!r} arrived"})  # fmt: skip
         return RunResult(s.task_id, "waiting", status=TaskStatus.PAUSED)
+
+
+def own_approval(book: ApprovalBook, task_id: str, call: CallRef) -> tuple[str, ApprovalRecord | None]:
+    """The key of ``call``'s approval and the record stored under it (``core.call_keys``)."""
+    return own_record(call, lambda key: book.get(task_id, key), lambda r: (r.step, r.tool, r.asked_at))
 
 
 def decisions(

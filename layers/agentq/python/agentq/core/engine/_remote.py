@@ -30,7 +30,7 @@ from typing import Any
 
 from agentq.core.engine._approvals import Decision
 from agentq.core.engine._session import Session
-from agentq.core.engine._tool_call import ToolCaller, error_outcome, prior_effect
+from agentq.core.engine._tool_call import ToolCaller, begin_effect, error_outcome, find_effect, prior_effect
 from agentq.core.engine.result import RunResult
 from agentq.core.errors import AgentqError
 from agentq.core.faults import crash_point
@@ -87,20 +87,23 @@ class RemoteCall:
         self.calls, self.s, self.use, self.ref = calls, s, use, ref
         self.effects = calls.caller.effects
         self.started = time.time()
-        self.key = idempotency_key_for(s.task_id, use["id"])
+        self.call = s.call(use)
+        self.effect = self.call.first  # its effect record's key (``core.call_keys``)
+        self.key = idempotency_key_for(s.task_id, self.effect)
 
     def run(self) -> ToolOutcome | RunResult:
-        s, use = self.s, self.use
-        record = self.effects.get(s.task_id, use["id"])
+        s, call = self.s, self.call
+        self.effect, record = find_effect(self.effects, s, call)
+        self.key = idempotency_key_for(s.task_id, self.effect)
         if record is None:
-            record = self.effects.begin(s.lease, use["id"], use["name"])
+            record = self.effects.begin(s.lease, self.effect, call.name, step=call.step)
             if record is None:  # ours: the call counts as made from here on
                 crash_point("after_effect_begin")
                 return self._send()
         if record.state == "done":
-            return prior_effect(use, record, self.started)
+            return prior_effect(self.use, record, self.started)
         if not record.remote:  # sent (maybe) by a worker that died before its answer was recorded
-            return prior_effect(use, record, self.started)
+            return prior_effect(self.use, record, self.started)
         return self._attend(dict(record.remote))
 
     # ------------------------------------------------------------ contacts
@@ -131,7 +134,7 @@ class RemoteCall:
             return self._finish(self._outcome(untrusted(self.ref, view.text)))
         remote: dict[str, Any] = {"task_id": view.task_id, "context_id": view.context_id, "url": view.url,
                   "sent_at": time.time(), "answered": []}  # fmt: skip
-        self.effects.remember(self.s.lease, self.use["id"], remote)
+        self.effects.remember(self.s.lease, self.effect, remote)
         crash_point("after_remote_recorded")
         return self._act(view, remote)
 
@@ -173,17 +176,18 @@ class RemoteCall:
         if decided.state != "approved":
             answer = f"(declined) {answer}"
         reply_id = f"{self.use['id']}-answer-{view.status_key}"
-        if self.effects.begin(s.lease, reply_id, self.use["name"]) is None:
+        reply, prior = begin_effect(self.effects, s, s.call({"id": reply_id, "name": self.use["name"]}))
+        if prior is None:
             try:
-                self.calls.client.send(self.ref, answer, key=idempotency_key_for(s.task_id, reply_id),
+                self.calls.client.send(self.ref, answer, key=idempotency_key_for(s.task_id, reply),
                                        credential=self._credential(), remote=remote)  # fmt: skip
                 sent = ToolOutcome(tool_use_id=reply_id, name=self.use["name"], content="sent",
                                    started_at=self.started, duration_ms=0)  # fmt: skip
             except AgentqError as exc:
                 sent = error_outcome({"id": reply_id, "name": self.use["name"]}, exc.message)
-            self.effects.finish(s.lease, reply_id, sent)
+            self.effects.finish(s.lease, reply, sent)
         remote = {**remote, "answered": [*remote.get("answered", []), view.status_key]}
-        self.effects.remember(s.lease, self.use["id"], remote)
+        self.effects.remember(s.lease, self.effect, remote)
         return self._attend(remote)
 
     # ------------------------------------------------------------ endings
@@ -213,7 +217,7 @@ class RemoteCall:
         )
 
     def _finish(self, outcome: ToolOutcome) -> ToolOutcome:
-        self.effects.finish(self.s.lease, self.use["id"], outcome)
+        self.effects.finish(self.s.lease, self.effect, outcome)
         crash_point("after_effect_finish")
         return outcome
 

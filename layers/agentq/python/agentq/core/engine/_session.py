@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentq.core.call_keys import CallRef, call_ref
 from agentq.core.caps import ScopeCap
 from agentq.core.errors import LeaseLost
 from agentq.core.models import Lease, StepRecord, Task
@@ -114,6 +115,11 @@ class Session:
     @property
     def next_step(self) -> int:
         return self.steps[-1].number + 1 if self.steps else 1
+
+    def call(self, use: dict[str, Any]) -> CallRef:
+        """``use``, a call of the turn being made, as its records are keyed and told apart
+        (``core.call_keys``): the last step is the LLM step that asked for it."""
+        return call_ref(use, self.steps[-1] if self.steps else None)
 
     @property
     def llm_turns(self) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentq import observe
+from agentq.core.call_keys import CallRef, own_record
 from agentq.core.engine._operation import RecordedOperation, Settled
 from agentq.core.engine._session import Session
 from agentq.core.engine._tool_call import ToolCaller, error_outcome
@@ -80,9 +81,12 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
         self.ports, self.fanout, self.tools, self.s = ports, fanout, tools, s
         self.changes = changes  # a child that started from this workspace: what it changed (_workspace)
         self.uses, self.spawn_use, self.decided = uses, spawn_use, decided
+        self.call = s.call(spawn_use)
+        self.key = self.call.first  # the spawn record's (and its children's ids'): ``core.call_keys``
 
     def check(self) -> SpawnRecord | None:
-        return self.ports.spawns.get(self.s.task_id, self.spawn_use["id"])
+        self.key, record = own_spawn(self.ports.spawns, self.s.task_id, self.call)
+        return record
 
     def create(self) -> None:
         """Run the turn's other calls, then write the record with the children planned from
@@ -107,9 +111,9 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
             spec = parse_spawn_input(spawn_use.get("input") or {})
             budget = self.ports.budgets.get(s.task.budget_id)
             money = budget.available_micros if budget.cap_micros < NO_MONEY_CAP else None
-            plans = plan_children(s.task, spawn_use["id"], spec, budget.available, available_micros=money)
+            plans = plan_children(s.task, self.key, spec, budget.available, available_micros=money)
             max_concurrency = spec.max_concurrency or len(plans)
-            self.ports.spawns.create(s.lease, s.task, spawn_use["id"], plans, pending, max_concurrency)
+            self.ports.spawns.create(s.lease, s.task, self.key, plans, pending, max_concurrency, step=self.call.step)
         except (SpawnRejected, BudgetExceeded) as exc:
             if isinstance(exc, BudgetExceeded):
                 observe.record_budget_refusal("task")
@@ -124,7 +128,7 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
 
     def act(self, record: SpawnRecord | None) -> list[ToolOutcome] | RunResult:
         assert record is not None
-        task, spawn_id = self.s.task, self.spawn_use["id"]
+        task, spawn_id = self.s.task, self.key
         if record.state == "creating":  # a crash cut the child writes short: redo them
             self.ports.spawns.write_children(self.s.lease, task, spawn_id, record.plans)
         children = self.ports.tasks.get_many(record.children)
@@ -161,7 +165,7 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
             changes = self.changes(ended) if self.changes is not None else None
             entries.append(child_outcome(ended, timed_out=timed_out, changes=changes))
         spawn_outcome = ToolOutcome(
-            tool_use_id=spawn_id,
+            tool_use_id=self.spawn_use["id"],
             name=SPAWN_TOOL,
             content=render_spawn_result(entries),
             started_at=record.created_at,
@@ -169,3 +173,8 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
         )
         by_id = {o.tool_use_id: o for o in [*record.pending, spawn_outcome]}
         return [by_id[u["id"]] for u in self.uses]
+
+
+def own_spawn(spawns: SpawnBook, task_id: str, call: CallRef) -> tuple[str, SpawnRecord | None]:
+    """The key of the spawn ``call`` makes, and its record if one was written (``core.call_keys``)."""
+    return own_record(call, lambda key: spawns.get(task_id, key), lambda r: (r.step, None, r.created_at))

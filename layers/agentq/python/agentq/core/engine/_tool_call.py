@@ -11,6 +11,11 @@ egress proxy records its effect, fenced, before it opens that connection, so aft
 that reached the network is reported ``unknown_outcome`` (or its recorded result replayed), never
 run again, while a call that stayed in the workspace left no record and runs again on the
 restored workspace (replay-safe).
+
+An effect record is its call's own (``core.call_keys``): it names the call's LLM step, and a
+record another call left under the same tool_use id (a later turn reusing an id) is neither
+replayed nor reported for this call; this call's record, and its idempotency key, are then
+under its qualified key.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from agentq import observe
+from agentq.core.call_keys import CallRef, own_record
 from agentq.core.context import RECALL_TOOL
 from agentq.core.engine._credentials import TaskCredentials
 from agentq.core.engine._memory import TaskMemory
@@ -112,18 +118,19 @@ class ToolCaller:
         outcome = error_outcome(use, f"{reason}; {use['name']} was not run")
         if not side_effects:
             return outcome
-        prior = self.effects.begin(s.lease, use["id"], use["name"])
+        key, prior = begin_effect(self.effects, s, s.call(use))
         if prior is not None:
             return prior_effect(use, prior, time.time())
-        self.effects.finish(s.lease, use["id"], outcome)
+        self.effects.finish(s.lease, key, outcome)
         return outcome
 
-    def execute(self, pending: PendingCall) -> ToolOutcome:
+    def execute(self, pending: PendingCall, key: str | None = None) -> ToolOutcome:
+        """Run the call. ``key``: its effect record's (the idempotency key's source), if it has one."""
         s, use = pending.s, pending.use
         ctx = ToolContext(
             task_id=s.task_id,
             tool_use_id=use["id"],
-            idempotency_key=idempotency_key_for(s.task_id, use["id"]),
+            idempotency_key=idempotency_key_for(s.task_id, key or use["id"]),
             notes=pending.notes,
             deadline=tool_deadline(s),
             secrets=self.secrets,
@@ -186,13 +193,14 @@ class SideEffect(RecordedOperation[EffectRecord, ToolOutcome]):
     def __init__(self, caller: ToolCaller, pending: PendingCall) -> None:
         self.caller, self.pending = caller, pending
         self._prior: EffectRecord | None = None
+        self.call = pending.s.call(pending.use)
+        self.key = self.call.first
 
     def check(self) -> EffectRecord | None:
         return None  # the begin is the check: one conditional write that answers with a prior record
 
     def create(self) -> None:
-        use = self.pending.use
-        self._prior = self.caller.effects.begin(self.pending.s.lease, use["id"], use["name"])
+        self.key, self._prior = begin_effect(self.caller.effects, self.pending.s, self.call)
 
     def check_again(self) -> EffectRecord | None:
         return self._prior
@@ -200,8 +208,8 @@ class SideEffect(RecordedOperation[EffectRecord, ToolOutcome]):
     def act(self, record: EffectRecord | None) -> ToolOutcome:
         if record is not None:
             return prior_effect(self.pending.use, record, self.pending.started)
-        outcome = self.caller.execute(self.pending)
-        self.caller.effects.finish(self.pending.s.lease, self.pending.use["id"], outcome)
+        outcome = self.caller.execute(self.pending, self.key)
+        self.caller.effects.finish(self.pending.s.lease, self.key, outcome)
         crash_point("after_effect_finish")
         return outcome
 
@@ -217,7 +225,8 @@ class NetworkedCall(SideEffect):
     after_create = None  # the record is begun at the first contact, in the proxy
 
     def check(self) -> EffectRecord | None:
-        return self.caller.effects.get(self.pending.s.task_id, self.pending.use["id"])
+        self.key, record = find_effect(self.caller.effects, self.pending.s, self.call)
+        return record
 
     def create(self) -> None:
         pass
@@ -231,17 +240,17 @@ class NetworkedCall(SideEffect):
             return prior_effect(pending.use, record, pending.started, WORKSPACE_NOTE)
         egress = _egress(pending.s)
         with egress.armed(ContactMark(self._begin)) as mark:
-            outcome = self.caller.execute(pending)
+            outcome = self.caller.execute(pending, self.key)
         if not mark.fired:
             return outcome
         outcome = outcome.model_copy(update={"side_effects": True})
-        self.caller.effects.finish(pending.s.lease, pending.use["id"], outcome)
+        self.caller.effects.finish(pending.s.lease, self.key, outcome)
         crash_point("after_effect_finish")
         return outcome
 
     def _begin(self) -> None:
-        use = self.pending.use
-        if self.caller.effects.begin(self.pending.s.lease, use["id"], use["name"]) is not None:
+        call = self.call
+        if self.caller.effects.begin(self.pending.s.lease, self.key, call.name, step=call.step) is not None:
             raise RuntimeError("another run of this task already started this call")
         crash_point("after_effect_begin")
 
@@ -250,6 +259,21 @@ WORKSPACE_NOTE = (
     " The command had reached the network. The workspace is as the last committed step left it: "
     "files the command wrote are not there."
 )
+
+
+def begin_effect(effects: EffectLog, s: Session, call: CallRef) -> tuple[str, EffectRecord | None]:
+    """Begin ``call``'s effect record (fenced): its key, and None (go ahead, run it) or the
+    record an earlier run of this call left (``core.call_keys``: never another call's)."""
+    return own_record(call, lambda key: effects.begin(s.lease, key, call.name, step=call.step), _effect_bound)
+
+
+def find_effect(effects: EffectLog, s: Session, call: CallRef) -> tuple[str, EffectRecord | None]:
+    """The key of ``call``'s effect record, and the record if an earlier run of it began one."""
+    return own_record(call, lambda key: effects.get(s.task_id, key), _effect_bound)
+
+
+def _effect_bound(record: EffectRecord) -> tuple[int | None, str | None, float]:
+    return record.step, record.tool, record.started_at
 
 
 def _egress(s: Session) -> Any:

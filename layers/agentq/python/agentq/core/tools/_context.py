@@ -70,7 +70,8 @@ def idempotency_key_for(task_id: str, tool_use_id: str) -> str:
 
     It depends only on the task and the model's ``tool_use_id``, so when a worker dies after
     the effect but before committing the step, the retried call sends the same key and the
-    remote side can deduplicate it.
+    remote side can deduplicate it. The engine passes a side-effecting call's effect record
+    key, which is the id unless an earlier call of the task used it (``core.call_keys``).
     """
     return hashlib.sha256(f"{task_id}:{tool_use_id}".encode()).hexdigest()[:32]
 
