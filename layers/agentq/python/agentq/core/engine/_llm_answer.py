@@ -12,6 +12,7 @@ from typing import Any
 
 from agentq.core.context import resumed_goal
 from agentq.core.engine._commit import StepWriter
+from agentq.core.engine._history import task_tools
 from agentq.core.engine._holds import forgetting
 from agentq.core.engine._llm_call import Call, call_cost, settling
 from agentq.core.engine._request import RequestBuilder
@@ -161,7 +162,7 @@ class Answers:
         )
         step: LLMStep | CompactStep
         if call.compact:
-            step = CompactStep(**dict(answered), summarised_through=s.next_step - 1)
+            step = CompactStep(**dict(answered), summarised_through=s.next_step - 1, tools=task_tools(s, self.steps))
         else:
             step = LLMStep(**dict(answered), cleared_before=self.requests.context(s)[1])
         return step, settle

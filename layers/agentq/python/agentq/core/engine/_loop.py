@@ -92,7 +92,7 @@ class Engine:
         # Each part gets the storage ports it uses, no more (core.ports).
         self._holds = BudgetHolds(store.budgets, store.tasks, self.prices, config, self._requests)
         writer = StepWriter(store.steps, config)
-        self.policy = PolicyGate(store.policies, store.budgets, config.policy_cache_seconds, store.caps)
+        self.policy = PolicyGate(store.policies, store.budgets, config.policy_cache_seconds, store.caps, store.steps)
         self._llm_turn = LLMTurn(
             store.tasks, store.steps, store.budgets, store.flow, self.windows, self._provider, self.prices, self._holds,
             self._requests, writer, self.policy,

@@ -9,7 +9,10 @@ costs in AWS calls:
   cached per process for ``EngineConfig.policy_cache_seconds`` (5 s), so a check costs none
   most of the time and a new version is enforced within that long;
 - the call, the principal, the task's tools and their results' status and the task's own spend:
-  the session already holds them (the task as claimed, the steps committed since), no call;
+  the session already holds them (the task as claimed, the steps committed since, the latest
+  compaction's history of the calls before it: ``_history``), no call; for a compaction written
+  before it carried that history, one Query of the steps before it, once a run, only when a
+  rule names the task's tool calls;
 - the tree's spend: one GetItem of the root's budget (``BudgetLedger.get``), only when a rule of
   the set names ``tree_tokens`` or ``tree_spend_micros``;
 - the end user's spend today: one GetItem of the user's day item (``ScopeCapsPort.usage``, the
@@ -24,6 +27,14 @@ capping (``core.caps.counted``) when any rule of the tenant, in any scope, names
 
 Every decision a rule took part in is counted (metric ``policy_decisions``) and logged as an
 event naming the rule, ``log_only`` ones with what they would have decided beside what happened.
+
+A turn's calls are all checked before any runs, one after another in the order they run
+(``tool_verdicts``): each with the calls before it in the turn counted as made (the ones no rule
+denies). How those end is not known yet, so a rule that names the tool calls decides the call
+twice, as if they had all ended ``ok`` and as if they had all ended ``error``, and the stricter
+verdict stands: "one charge per task" denies a turn's second charge (the first counted ``ok``),
+and "a refund only after a fraud_check that passed" denies a refund beside its fraud_check (that
+counted ``error``): it waits for a turn after the check's result.
 """
 
 from __future__ import annotations
@@ -33,12 +44,13 @@ import time
 from typing import Any
 
 from agentq import observe
+from agentq.core.engine._history import task_tools
 from agentq.core.engine._holds import BudgetHolds
 from agentq.core.engine._session import Session
 from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
 from agentq.core.fanout import SPAWN_TOOL
-from agentq.core.models import CompactStep, LLMStep, TaskStatus, ToolsStep
+from agentq.core.models import CompactStep, LLMStep, TaskStatus, ToolHistory
 from agentq.core.policies import (
     ALLOWED,
     CallKind,
@@ -52,7 +64,7 @@ from agentq.core.policies import (
 )
 from agentq.core.policies import request as cedar_request
 from agentq.core.policies.evaluate import EVALUATION
-from agentq.core.ports import BudgetLedger, PolicySource, ScopeCapsPort, TaskLeases
+from agentq.core.ports import BudgetLedger, PolicySource, ScopeCapsPort, StepLog, TaskLeases
 from agentq.core.pricing import micros
 
 
@@ -65,8 +77,10 @@ class PolicyGate:
         budgets: BudgetLedger,
         cache_seconds: float = 5.0,
         caps: ScopeCapsPort | None = None,
+        steps: StepLog | None = None,
     ) -> None:
         self.source, self.budgets, self.cache_seconds, self.caps = source, budgets, cache_seconds, caps
+        self.steps = steps  # the steps before a compaction that carries no history of them (``_history``)
         self._lock = threading.Lock()
         self._read: dict[str, tuple[float, list[PolicyDocument]]] = {}  # tenant -> (read at, documents)
         # By tenant and by each document's scope, version and digest: two tenants' documents of the
@@ -118,7 +132,9 @@ class PolicyGate:
                 self._compiled[key] = compiled
         return compiled
 
-    def check(self, s: Session, call: PolicyCall) -> Verdict:
+    def check(self, s: Session, call: PolicyCall, earlier: tuple[str, ...] = ()) -> Verdict:
+        """The verdict on ``call``; ``earlier``: the tools of the calls of its turn that run
+        before it, counted as made, ending ``ok`` and ``error`` in turn: the stricter verdict."""
         who = principal(s)
         rules = self.rules(s.task.tenant, who.agent)
         if isinstance(rules, _Broken):
@@ -126,7 +142,10 @@ class PolicyGate:
         elif rules.empty:
             return ALLOWED
         else:
-            verdict = rules.decide(cedar_request(call, who, self.facts(s, rules)))
+            facts = self.facts(s, rules)
+            verdict = rules.decide(cedar_request(call, who, facts.with_made(earlier, "ok")))
+            if earlier and rules.reads_tools:
+                verdict = stricter(verdict, rules.decide(cedar_request(call, who, facts.with_made(earlier, "error"))))
         record(s, call, verdict)
         return verdict
 
@@ -138,16 +157,20 @@ class PolicyGate:
         return self.check(s, PolicyCall("model", model=model, estimated_tokens=tokens, estimated_usd_micros=money))
 
     def tool_verdicts(self, s: Session, uses: list[dict[str, Any]]) -> dict[str, Verdict]:
-        """Each of a turn's calls checked (all before any runs): by tool_use id."""
+        """Each of a turn's calls checked (all before any runs), in the order they run
+        (``uses``), each with those before it that no rule denies counted as made: by tool_use id."""
         pins = {p.qualified: p.server for p in s.task.submission.mcp_tools or []}
         out: dict[str, Verdict] = {}
+        made: list[str] = []
         for use in uses:
             name = use["name"]
             kind: CallKind = "spawn" if name == SPAWN_TOOL else "mcp" if name in pins else "tool"
             args = use.get("input") if isinstance(use.get("input"), dict) else {}
             call = PolicyCall(kind, tool=name, args=args or {}, model=s.task.submission.model,
                               mcp_server=pins.get(name, ""))  # fmt: skip
-            out[use["id"]] = self.check(s, call)
+            out[use["id"]] = verdict = self.check(s, call, tuple(made))
+            if verdict.effect != "deny":
+                made.append(name)
         return out
 
     def facts(self, s: Session, rules: RuleSet) -> TaskFacts:
@@ -158,9 +181,7 @@ class PolicyGate:
             if isinstance(record.body, LLMStep | CompactStep):  # committed by this run: not in the task as claimed
                 tokens += record.body.usage.input_total + record.body.usage.output_tokens
                 spend += micros(record.body.cost_usd)
-        tools = tuple(
-            (r.name, r.status) for record in s.steps if isinstance(record.body, ToolsStep) for r in record.body.results
-        )
+        tools = task_tools(s, self.steps) if rules.reads_tools else ToolHistory()
         tree_tokens = tree_micros = 0
         if rules.reads_tree:
             state = self.budgets.get(task.root_id)
@@ -169,10 +190,21 @@ class PolicyGate:
         if rules.reads_user_spend and task.user and self.caps is not None:
             user_today = self.caps.usage(task.tenant, "user", task.user)["day_usd"]  # held and spent, today (UTC)
         return TaskFacts(
-            task_id=task.task_id, root_id=task.root_id, depth=task.depth, step=s.next_step, tools=tools,
-            task_tokens=tokens, task_spend_micros=spend, tree_tokens=tree_tokens, tree_spend_micros=tree_micros,
-            user_spend_today_micros=user_today,
+            task_id=task.task_id, root_id=task.root_id, depth=task.depth, step=s.next_step,
+            tools=tuple(tools.made), tool_calls=tools.calls, task_tokens=tokens, task_spend_micros=spend,
+            tree_tokens=tree_tokens, tree_spend_micros=tree_micros, user_spend_today_micros=user_today,
         )  # fmt: skip
+
+
+def stricter(first: Verdict, second: Verdict) -> Verdict:
+    """The verdict that lets less through: deny over ask over allow, and of two asks the one
+    only the tenant decides; ``first`` when they are alike."""
+    rank = {"allow": 0, "ask": 1, "deny": 2}
+
+    def weight(v: Verdict) -> tuple[int, bool]:
+        return rank[v.effect], v.rule is not None and v.rule.approver == "tenant"
+
+    return second if weight(second) > weight(first) else first
 
 
 def principal(s: Session) -> Principal:

@@ -22,7 +22,7 @@ from typing import Any
 from agentq.core.call_keys import CallRef, call_ref
 from agentq.core.caps import ScopeCap
 from agentq.core.errors import LeaseLost
-from agentq.core.models import Lease, StepRecord, Task
+from agentq.core.models import Lease, StepRecord, Task, ToolHistory
 from agentq.core.ports import NoteBook, TaskLeases
 from agentq.core.records import Inbox
 from agentq.core.reservation import Seen
@@ -103,6 +103,9 @@ class Session:
     workspace: Any = None  # the task's workspace on this worker, while the run holds it (_workspace.TaskWorkspace)
     verdicts: dict[str, Any] = field(default_factory=dict)  # the turn's policy verdicts by tool_use id (_policy)
     credentials: Any = None  # the vault of the task's user, opened on first use (_credentials.TaskCredentials)
+    # The tool calls before a compaction that carries none of them (one from before they were
+    # carried), read once a run: (the compaction's step, their history). ``_history``.
+    tools_before: tuple[int, ToolHistory] | None = None
 
     @property
     def lease(self) -> Lease:

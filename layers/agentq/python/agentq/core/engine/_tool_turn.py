@@ -31,6 +31,7 @@ from agentq.core.faults import crash_point
 from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolOutcome, ToolsStep, repeated_tool_use_id
 from agentq.core.ports import ApprovalBook
 from agentq.core.providers.retry import MALFORMED
+from agentq.core.remote_agents import remote_ref
 from agentq.core.reservation import Reservation
 from agentq.core.workspace import WORKSPACE_TOOLS, WorkspaceRef, WorkspaceRefused
 
@@ -64,9 +65,10 @@ class ToolTurn:
         if repeated is not None:
             return self._refused(s, uses, repeated)
         allowlist = task_tools(s.task.submission)
-        # Every call of the turn is checked before any of them runs: a denied one never runs
-        # (ToolCaller.call), an asked one waits for a person's decision (decisions).
-        s.verdicts = self.policy.tool_verdicts(s, uses) if self.policy is not None else {}
+        # Every call of the turn is checked before any of them runs, in the order they run, the
+        # ones before it counted as made (_policy): a denied one never runs (ToolCaller.call), an
+        # asked one waits for a person's decision (decisions).
+        s.verdicts = self.policy.tool_verdicts(s, run_order(s, uses)) if self.policy is not None else {}
         denied = {i for i, v in s.verdicts.items() if v.effect == "deny"}
         decided = decisions(self.approvals, s, uses, allowlist, self.tools.vault, self.tools.credentials_for(s))
         if isinstance(decided, RunResult):
@@ -181,6 +183,16 @@ class ToolTurn:
             held = Reservation(amount=reserve, epoch=s.lease.epoch, step=number + 1, until=until, micros=money)
             s.task = s.task.model_copy(update={"inflight": held})
         return record
+
+
+def run_order(s: Session, uses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The turn's calls in the order they run: a remote agent's first (``RemoteCalls``, before
+    the turn's others), then the others as the model gave them, a spawn last (``Spawn`` runs the
+    others before it makes its children)."""
+    refs = s.task.submission.remote_agents
+    remote = [u for u in uses if refs and remote_ref(refs, u["name"]) is not None]
+    spawns = [u for u in uses if u["name"] == SPAWN_TOOL and u not in remote]
+    return [*remote, *(u for u in uses if u not in remote and u not in spawns), *spawns]
 
 
 def _marked(outcome: ToolOutcome, s: Session) -> ToolOutcome:

@@ -117,12 +117,44 @@ def repeated_tool_use_id(content: list[dict[str, Any]]) -> str | None:
     return None
 
 
+class ToolHistory(StrictModel):
+    """The task's tool calls as the policy rules read them (``context.history``: ``tools``,
+    ``ok_tools``, ``tool_calls``; ``core.engine._history``): each tool and status a call of it
+    ended with, once, and how many calls there were. Bounded by the tools and statuses, not by
+    the calls."""
+
+    calls: int = 0
+    made: list[tuple[str, str]] = Field(default_factory=list, description="(tool, status), each once, sorted")
+
+    def adding(self, made: list[tuple[str, str]]) -> ToolHistory:
+        """This history with the calls ``made`` (each ``(tool, status)``) after it."""
+        if not made:
+            return self
+        return ToolHistory(calls=self.calls + len(made), made=sorted({*self.made, *made}))
+
+
 class CompactStep(CallStep):
     """A summary of the conversation so far, written by a compaction call (``core.context``):
-    the conversation goes on from it, so the steps before it are never read again to resume."""
+    the conversation goes on from it, so the steps before it are never read again to resume.
+    What the policy rules read of the tool calls before it is carried on it (``tools``): a run
+    that resumes from it loads no step before it, and a rule over the task's history ("one
+    charge per task") must still see them."""
 
     kind: Literal["compact"] = "compact"
     summarised_through: int = Field(description="the last step the summary stands for")
+    tools: ToolHistory | None = Field(
+        default=None,
+        description="every tool call of the task before this step, as the policy rules read them (None: a "
+        "compaction written before it was carried: the steps before it are read once instead)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_tools(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A compaction carrying no history is stored exactly as before it was carried."""
+        out: dict[str, Any] = handler(self)
+        if out.get("tools") is None:
+            out.pop("tools", None)
+        return out
 
 
 class ToolOutcome(StrictModel):

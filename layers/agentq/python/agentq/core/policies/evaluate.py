@@ -22,7 +22,7 @@ import cedarpy
 
 from agentq.core.endusers import Approver
 from agentq.core.policies.rules import DEFAULT_APPROVER, Rule, check
-from agentq.core.policies.schema import TREE_ATTRIBUTES, USER_SPEND_ATTRIBUTE
+from agentq.core.policies.schema import TOOL_ATTRIBUTES, TREE_ATTRIBUTES, USER_SPEND_ATTRIBUTE
 
 DEFAULT_ALLOW = "agentq/default-allow"
 EVALUATION = "agentq/evaluation"  # names a failure of the whole evaluation, not of one rule
@@ -123,6 +123,11 @@ class RuleSet:
     def reads_user_spend(self) -> bool:
         """A rule names the end user's spend today: the check reads the user's day item."""
         return bool(self.reads & {USER_SPEND_ATTRIBUTE, ALL_HISTORY})
+
+    @property
+    def reads_tools(self) -> bool:
+        """A rule names the task's tool calls: the check gathers them (``core.engine._history``)."""
+        return bool(self.reads & {*TOOL_ATTRIBUTES, ALL_HISTORY})
 
     @classmethod
     def of(cls, documents: list[PolicyDocument]) -> RuleSet:

@@ -4,7 +4,7 @@ module only shapes them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from agentq.core.policies.evaluate import cedar_value
@@ -38,12 +38,25 @@ class TaskFacts:
     root_id: str
     depth: int
     step: int
-    tools: tuple[tuple[str, str], ...] = ()  # (name, status) of every committed tool call, in order
+    tools: tuple[tuple[str, str], ...] = ()  # (name, status) of the committed tool calls (a Set: each once is enough)
     task_tokens: int = 0
     task_spend_micros: int = 0
     tree_tokens: int = 0
     tree_spend_micros: int = 0
     user_spend_today_micros: int | None = None  # None: not known (no end user, or not read)
+    tool_calls: int | None = None  # how many tool calls there were (None: one for each of ``tools``)
+
+    def with_made(self, names: tuple[str, ...], status: str) -> TaskFacts:
+        """These facts with the calls of ``names`` counted as made, each ending ``status``: the
+        calls of the turn that run before the one checked (``core.engine._policy``)."""
+        if not names:
+            return self
+        made = tuple(dict.fromkeys([*self.tools, *((n, status) for n in names)]))
+        return replace(self, tools=made, tool_calls=self.calls + len(names))
+
+    @property
+    def calls(self) -> int:
+        return self.tool_calls if self.tool_calls is not None else len(self.tools)
 
 
 def request(call: PolicyCall, who: Principal, facts: TaskFacts) -> dict[str, Any]:
@@ -51,7 +64,7 @@ def request(call: PolicyCall, who: Principal, facts: TaskFacts) -> dict[str, Any
     history: dict[str, Any] = {
         "tools": [{"name": n, "status": s} for n, s in facts.tools],
         "ok_tools": sorted({n for n, s in facts.tools if s == "ok"}),
-        "tool_calls": len(facts.tools),
+        "tool_calls": facts.calls,
         "task_tokens": facts.task_tokens,
         "task_spend_micros": facts.task_spend_micros,
         "tree_tokens": facts.tree_tokens,

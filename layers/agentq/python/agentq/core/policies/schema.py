@@ -95,3 +95,8 @@ SCHEMA_JSON = json.dumps(SCHEMA, sort_keys=True)
 # evaluated without the read (its value is then 0, or absent, and no rule can see it).
 TREE_ATTRIBUTES = ("tree_tokens", "tree_spend_micros")
 USER_SPEND_ATTRIBUTE = "user_spend_today_micros"  # a read of the user's day item (``storage.scope_caps``)
+# The task's tool calls: known from the steps a run holds, and (for a compaction written before it
+# carried them: ``core.engine._history``) a read of the steps before it, once a run. A turn's
+# call is checked as often as the outcomes of the calls before it in the turn need
+# (``core.engine._policy``), only when a rule names one of these.
+TOOL_ATTRIBUTES = ("tools", "ok_tools", "tool_calls")
