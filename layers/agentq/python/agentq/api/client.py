@@ -359,11 +359,17 @@ class Client(AgentCalls):
     def cancel(self, task_id: str) -> CancelResult:
         return CancelResult.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/cancel"))
 
-    def approve(self, task_id: str, note: str = "") -> TaskView:
-        return TaskView.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/approve", {"note": note}))
+    def approve(self, task_id: str, note: str = "", tool_use_id: str | None = None) -> TaskView:
+        """Approve the held call ``tool_use_id`` (the view's ``pending_tool_use_id``; ``Conflict``
+        naming it once that call is decided or another is held). None: whatever is held then."""
+        return self._decide("approve", task_id, note, tool_use_id)
 
-    def reject(self, task_id: str, note: str = "") -> TaskView:
-        return TaskView.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/reject", {"note": note}))
+    def reject(self, task_id: str, note: str = "", tool_use_id: str | None = None) -> TaskView:
+        return self._decide("reject", task_id, note, tool_use_id)
+
+    def _decide(self, verb: str, task_id: str, note: str, tool_use_id: str | None) -> TaskView:
+        body: dict[str, Any] = {"note": note, **({"tool_use_id": tool_use_id} if tool_use_id is not None else {})}
+        return TaskView.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/{verb}", body))
 
     def raise_budget(
         self, task_id: str, add_tokens: int = 0, add_steps: int = 0, add_usd: Decimal | str | None = None

@@ -252,8 +252,11 @@ def answer(deps: Any, caller: Any, task: Task, responses: dict[str, dict[str, An
                 if not isinstance(note, str) or len(note) > MAX_NOTE_CHARS:
                     raise invalid(f"{where}.note: a string of at most {MAX_NOTE_CHARS:,} characters")
                 approved = action == "accept" and content.get("approved") is True
+                # The key names the call: decided meanwhile, and the next one held, this answer
+                # is not that call's (IllegalTransition: no longer outstanding, below).
                 operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
-                                  by=caller.tenant, by_user=caller.user, tenant=task.tenant)  # fmt: skip
+                                  by=caller.tenant, by_user=caller.user, tenant=task.tenant,
+                                  tool_use_id=key.removeprefix("approval-"))  # fmt: skip
             elif key.startswith("message-") and action == "accept":
                 text = content.get("text")
                 if not isinstance(text, str) or not 0 < len(text) <= MAX_MESSAGE_CHARS:

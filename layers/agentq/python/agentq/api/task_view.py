@@ -153,11 +153,12 @@ def task_view(store: Storage, task: Task) -> TaskView:
     except TaskNotFound:
         budget = None
     children = children_summary(store, task)
-    question = approver = None
+    question = approver = pending_id = None
     pending_calls: list[PendingCall] = []
     if task.status is TaskStatus.PAUSED:
         pending = store.approvals.pending(task.task_id)
-        question, approver = (pending.question, pending.approver) if pending else (None, None)
+        if pending is not None:
+            question, approver, pending_id = pending.question, pending.approver, pending.use_id
         pending_calls = _pending_calls(store, task)
     end = task.finished_at
     sub = task.submission
@@ -195,6 +196,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         ],
         pending_approval=question,
         pending_approver=approver,
+        pending_tool_use_id=pending_id,
         pending_calls=pending_calls,
         parent_id=task.parent_id,
         root_id=task.root_id,

@@ -19,6 +19,7 @@ from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus
 from agentq.core.pricing import micros
+from agentq.core.records import ApprovalRecord
 from agentq.core.stops import ScopeStopped, stop_covering
 from agentq.core.tools import ToolRegistry
 from agentq.queueing.dispatch import delay_seconds
@@ -209,23 +210,54 @@ def decide(
     by: str = "reviewer",
     tenant: str | None = None,
     by_user: str | None = None,
+    tool_use_id: str | None = None,
 ) -> Task:
     """Approve or reject the task's pending request; the task resumes with the decision.
     ``by``: who decided (a caller's tenant); ``by_user``: the end user, when a token decided.
     A token may decide only an ask its user may (the pending record's ``approver``, fixed when
     it was asked, so no rule is evaluated again here): else ``NotTheApprover`` (403), nothing
-    changed, the task still paused."""
+    changed, the task still paused.
+
+    ``tool_use_id``: the held call the person was shown. A paused task holds one call at a time
+    and, once that is decided, may run on and hold the next before a second reviewer's click, a
+    double click or a retried request lands: named, the decision is of that call or of nothing
+    (``IllegalTransition`` naming ``tool_use_id``, nothing changed; the write is conditioned on
+    that record still pending, so a decision racing this one cannot turn it into the next
+    call's). None: whatever is pending now (older clients)."""
     task = owned_task(store, task_id, tenant)
+    named = store.approvals.get(task_id, tool_use_id) if tool_use_id is not None else None
     if task.status is not TaskStatus.PAUSED:
+        if tool_use_id is not None and named is not None and named.state != "pending":
+            raise _not_held(task, tool_use_id, named, None)  # a double click: decided, the task runs on
         raise IllegalTransition(f"task {task_id} is {task.status.value}, not waiting for approval", field="task_id")
     pending = store.approvals.pending(task_id)
     if pending is None:
         raise IllegalTransition(f"task {task_id} has no pending approval", field="task_id")
+    if tool_use_id is not None and tool_use_id != pending.use_id:
+        raise _not_held(task, tool_use_id, named, pending.use_id)
     if by_user is not None and not pending.may_decide(by_user):
         raise NotTheApprover(task_id, pending.use_id, by_user)
     store.approvals.decide(task_id, pending.use_id, approved=approved, note=note, by=by, by_user=by_user)
     queues.send(task_id, task.submission.priority, tenant=task.tenant)
     return store.tasks.get(task_id)
+
+
+def _not_held(task: Task, named: str, record: ApprovalRecord | None, pending: str | None) -> IllegalTransition:
+    """The refusal of a decision of ``named``, a call the task does not hold now (``pending``:
+    the one it holds, if any): what became of it (decided already, and by whom, or never asked)
+    and what is held now, so the person looks again before deciding anything."""
+    if record is None:
+        what = f"task {task.task_id} never held a call {named[:64]!r}"
+    elif record.state == "pending":
+        what = f"the call {named[:64]!r} of task {task.task_id} is not the one it waits on"
+    else:
+        who = record.decided_by_user or record.decided_by or "someone"
+        what = f"the call {named[:64]!r} of task {task.task_id} was {record.state} already (by {who})"
+    if pending is not None:
+        now = f"it holds {pending[:64]!r} now: look at that call before deciding it"
+    else:
+        now = f"it is {task.status.value} now"
+    return IllegalTransition(f"{what}; {now}. Nothing was changed", field="tool_use_id")
 
 
 def raise_budget(

@@ -31,6 +31,7 @@ from agentq.api.models.base import MAX_EVENT_PAGE as MAX_EVENT_PAGE
 from agentq.api.models.base import MAX_MESSAGE_PAGE as MAX_MESSAGE_PAGE
 from agentq.api.models.base import MAX_NOTE_CHARS as MAX_NOTE_CHARS
 from agentq.api.models.base import MAX_PAGE_SIZE as MAX_PAGE_SIZE
+from agentq.api.models.base import MAX_TOOL_USE_ID_CHARS as MAX_TOOL_USE_ID_CHARS
 from agentq.api.models.base import MAX_TRACE_PAGE as MAX_TRACE_PAGE
 from agentq.api.models.base import MESSAGE_PAGE_BYTES as MESSAGE_PAGE_BYTES
 from agentq.api.models.base import TASK_ID_PATTERN as TASK_ID_PATTERN

@@ -37,6 +37,9 @@ MESSAGE_PAGE_BYTES = 2_000_000
 TRACE_PAGE_BYTES = 2_000_000
 TRACE_TEXT_CHARS = 16_000  # longer LLM texts and tool outputs in a trace page are cut (``truncated``)
 MAX_NOTE_CHARS = 4_000
+# A held call's id names its APPROVAL# item, whose sort key DynamoDB caps at 1,024 bytes: no
+# pending call has a longer one.
+MAX_TOOL_USE_ID_CHARS = 1_000
 TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
 MAX_CURSOR_CHARS = 1024  # a page cursor (?cursor= of GET /tasks and /trace); longer is 400 invalid_cursor
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]*$"  # unpadded base64url: what the API writes

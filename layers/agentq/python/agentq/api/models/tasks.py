@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field
 from agentq.api.models.base import (
     GOAL_PREVIEW_CHARS,
     MAX_NOTE_CHARS,
+    MAX_TOOL_USE_ID_CHARS,
     ApiModel,
 )
 from agentq.core.models import (
@@ -28,7 +29,20 @@ from agentq.core.models import (
 
 
 class DecisionRequest(StrictModel):
+    """A person's decision of the call a paused task holds. ``tool_use_id`` names the call the
+    person was shown (the view's ``pending_tool_use_id``): the task may have moved on to another
+    held call since (a second reviewer's click, a double click, a retried request), and a
+    decision naming the call decides that call or nothing (409 naming ``tool_use_id``). Without
+    it, whatever is pending when the request lands is decided (kept for older clients)."""
+
     note: str = Field(default="", max_length=MAX_NOTE_CHARS, description="read by the agent with the decision")
+    tool_use_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_TOOL_USE_ID_CHARS,
+        description="the held call this decides (the view's pending_tool_use_id); another call held by then is "
+        "409 illegal_transition naming tool_use_id, nothing changed. Omitted: whatever is pending when it lands",
+    )
 
 
 class BudgetRequest(StrictModel):
@@ -278,6 +292,12 @@ class TaskView(ApiModel):
         description="who may decide it: tenant (only the tenant's API keys, its operator; an end user's token is 403 "
         "not_the_approver: a policy rule's ask by default, an ask_tenant tool's, a cap's soft threshold) or user (the task's end user's "
         "token too); null when nothing is pending",
+    )
+    pending_tool_use_id: str | None = Field(
+        default=None,
+        description="the id of the held call (or cap-<scope>-<window>-<period> for a cap's soft threshold) a paused "
+        "task waits on: send it as tool_use_id with approve or reject, so the decision is of this call only; "
+        "null when nothing is pending",
     )
     pending_calls: list[PendingCall] = Field(
         default_factory=list,

@@ -70,13 +70,16 @@ def router(deps: ApiDeps) -> Router:
             caller = deps.caller()
             task = control.decide(
                 store, deps.queues, task_id, approved=approved, note=decision.note, by=caller.tenant,
-                tenant=caller.tenant, by_user=caller.user,
+                tenant=caller.tenant, by_user=caller.user, tool_use_id=decision.tool_use_id,
             )  # fmt: skip
             return views.task_view(store, task)
 
         return decision_route
 
     who = (
+        "Send the held call's id as `tool_use_id` (the view's `pending_tool_use_id`): the decision is of that call "
+        "only, and once it is decided, or the task holds another, it is 409 `illegal_transition` naming "
+        "`tool_use_id`, nothing changed (a second reviewer's click, a double click, a retry). "
         "An end user's token decides only a held call its user may (`approver: user`); one only the tenant decides "
         "(`approver: tenant`: a policy rule's ask by default) is 403 `not_the_approver`, nothing changed."
     )
