@@ -6,10 +6,10 @@ the request arrived: a tenant rule asks for every charge, the script charges 5 c
 50,000; alice approves the 5-cent charge, the worker makes it and holds the 50,000-cent one,
 and bob's approve of the 5-cent charge he was shown approved the 50,000-cent one nobody saw.
 
-Now such a decision is refused naming ``tool_use_id`` (409 by HTTP) and changes nothing; a
-double click of the same approve stays a clear 409, never a 500. The core test first (the
-engine and the control function), then the API over real HTTP to the local stack with its
-worker processes."""
+Now such a decision is refused naming ``tool_use_id`` (409 by HTTP, exit 1 by the CLI) and
+changes nothing; the CLI reads, shows and names the held call itself; a double click of the same
+approve stays a clear 409, never a 500. The core test first (the engine and the control
+function), then each way in over real HTTP to the local stack with its worker processes."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
 
 from tests.api_support import ApiStack
-from tests.helpers import call, scripted
+from tests.helpers import call, run_agentq, scripted
 
 RULE = """@id("every-charge") @effect("ask") @message("every charge needs the operator's approval")
 forbid(principal, action == Action::"tool", resource == Tool::"charge_card");"""
@@ -100,7 +100,7 @@ def test_an_approve_naming_the_call_a_reviewer_saw_never_approves_the_next_held_
     assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED and _charged(ledger) == [SMALL, BIG]
 
 
-# ------------------------------------------------------------------ over HTTP
+# ------------------------------------------------------------------ over HTTP and the CLI
 
 
 def _held_twice(api: ApiStack) -> tuple[str, str, int, int]:
@@ -169,5 +169,31 @@ def test_the_api_answers_409_naming_tool_use_id_to_a_decision_of_a_call_no_longe
 
     status, answer, _ = api.http("POST", f"/tasks/{task_id}/reject", {"tool_use_id": second}, key=key)
     assert status == 200, answer
+    assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=key)["status"] == "succeeded"
+    assert (_charges(api, small), _charges(api, big)) == (1, 0)
+
+
+def test_agentq_approve_shows_the_held_call_and_names_it_and_a_stale_tool_use_id_exits_1(api_stack: ApiStack) -> None:
+    """``agentq approve TASK`` reads the held call, shows it (its id, question and input) and
+    sends its id; ``agentq status`` shows the held id; ``--tool-use-id`` naming the small charge
+    once the big one is held exits 1 naming ``tool_use_id``, nothing decided."""
+    api = api_stack
+    key, name, small, big = _held_twice(api)
+    env = api.cli_env(AGENTQ_API_KEY=key)
+    task_id = api.submit({"goal": "charge", "agent": name}, key=key)
+    first = _holding(api, task_id, key, small)["pending_tool_use_id"]
+    done = run_agentq(["approve", task_id, "--note", "ok"], env, 60)
+    assert done.returncode == 0 and f"approved {task_id}" in done.stdout, done
+    assert f"held call {first}: Run charge_card with " in done.stderr and "every charge needs" in done.stderr, done
+    assert f'-> charge_card {{"amount_cents": {small}' in done.stderr, done.stderr
+
+    second = _holding(api, task_id, key, big)["pending_tool_use_id"]
+    status = run_agentq(["status", task_id], env, 60)
+    assert f"held      {second} " in status.stdout, status.stdout
+    stale = run_agentq(["approve", task_id, "--tool-use-id", first], env, 60)
+    assert stale.returncode == 1 and "(tool_use_id)" in stale.stderr and "was approved already" in stale.stderr, stale
+    assert api.until(task_id, lambda v: True, key=key)["pending_tool_use_id"] == second and _charges(api, big) == 0
+    refused = run_agentq(["reject", task_id, "--tool-use-id", second], env, 60)
+    assert refused.returncode == 0 and f"rejected {task_id}" in refused.stdout, refused
     assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=key)["status"] == "succeeded"
     assert (_charges(api, small), _charges(api, big)) == (1, 0)

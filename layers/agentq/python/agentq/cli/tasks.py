@@ -175,10 +175,24 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_decide(args: argparse.Namespace) -> int:
+    """Decide the call the task holds, by its id: ``--tool-use-id`` names the one the person
+    saw; without it, the call held now is read, shown (stderr) and named. The API decides that
+    call or nothing (409 naming ``tool_use_id`` once it was decided or another is held), so a
+    second approve, or one racing another reviewer's, never decides a call nobody was shown."""
+    from agentq.cli.views import held_call
+    from agentq.core.errors import IllegalTransition
+
     client = api_client(args)
-    view = (
-        client.approve(args.task_id, args.note) if args.command == "approve" else client.reject(args.task_id, args.note)
-    )
+    use_id = args.tool_use_id
+    if use_id is None:
+        held = client.get(args.task_id)
+        if held.pending_tool_use_id is None:
+            raise IllegalTransition(f"task {held.task_id} is {held.status.value}, not waiting for approval",
+                                    field="task_id")  # fmt: skip
+        use_id = held.pending_tool_use_id
+        print(held_call(held), file=sys.stderr)
+    decide = client.approve if args.command == "approve" else client.reject
+    view = decide(args.task_id, args.note, use_id)
     if args.json:
         dump(view)
     else:
@@ -271,6 +285,8 @@ def register(sub: Any) -> None:
         decide = remote(command(verb, f"{verb} a task paused by request_approval; it resumes with the decision"))
         decide.add_argument("task_id")
         decide.add_argument("--note", default="", help="a note the agent reads with the decision")
+        decide.add_argument("--tool-use-id", metavar="ID", help="the held call this decides (agentq status: held); "
+                            "default: the one held now, shown first. Decided already, or another held: exit 1")  # fmt: skip
         decide.set_defaults(func=_cmd_decide)
     budget = remote(command("budget", "raise a root task's token/step caps; a cost_exceeded task resumes"))
     budget.add_argument("task_id")

@@ -158,6 +158,8 @@ def status_block(view: TaskView) -> str:
         lines.append(f"forked    from {view.forked_from.get('task_id')} at step {view.forked_from.get('step')}")
     if view.activity:
         lines.append(f"activity  {view.activity}")
+    if view.pending_tool_use_id:
+        lines.append(f"held      {view.pending_tool_use_id} (agentq approve|reject --tool-use-id names it)")
     if view.retry:
         lines.append(f"retry     {retry_line(view.retry, now=now)}")
     if view.grade:
@@ -167,6 +169,18 @@ def status_block(view: TaskView) -> str:
     if view.result:
         lines.append("result    " + cut(view.result, 300))
     return "\n".join(lines)
+
+
+def held_call(view: TaskView) -> str:
+    """What ``agentq approve|reject`` decides, shown before it sends the decision: the held
+    call's id (the decision names it, so it decides this call or nothing), the question, and
+    the turn's calls as the model asked for them (the held one marked), each on a line, cut.
+    The model wrote all of it: a character a terminal would act on is shown as ``?``."""
+    lines = [f"held call {view.pending_tool_use_id}: {cut(view.pending_approval or '', 300)}"]
+    for c in view.pending_calls:
+        mark = "->" if c.tool_use_id == view.pending_tool_use_id else "  "
+        lines.append(f"  {mark} {c.name} {cut(json.dumps(c.input, ensure_ascii=False), 300)}")
+    return "".join(ch if ch.isprintable() or ch == "\n" else "?" for ch in "\n".join(lines))
 
 
 def grade_line(grade: GradeView) -> str:
