@@ -6,10 +6,11 @@ the request arrived: a tenant rule asks for every charge, the script charges 5 c
 50,000; alice approves the 5-cent charge, the worker makes it and holds the 50,000-cent one,
 and bob's approve of the 5-cent charge he was shown approved the 50,000-cent one nobody saw.
 
-Now such a decision is refused naming ``tool_use_id`` (409 by HTTP, exit 1 by the CLI) and
-changes nothing; the CLI reads, shows and names the held call itself; a double click of the same
-approve stays a clear 409, never a 500. The core test first (the engine and the control
-function), then each way in over real HTTP to the local stack with its worker processes."""
+Now such a decision is refused naming ``tool_use_id`` (409 by HTTP, exit 1 by the CLI, an
+invalid-params error naming ``toolUseId`` by A2A) and changes nothing; the CLI reads, shows and
+names the held call itself; a double click of the same approve stays a clear 409, never a 500.
+The core test first (the engine and the control function), then each way in over real HTTP to
+the local stack with its worker processes."""
 
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def test_an_approve_naming_the_call_a_reviewer_saw_never_approves_the_next_held_
     assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED and _charged(ledger) == [SMALL, BIG]
 
 
-# ------------------------------------------------------------------ over HTTP and the CLI
+# ------------------------------------------------------------------ over HTTP, the CLI and A2A
 
 
 def _held_twice(api: ApiStack) -> tuple[str, str, int, int]:
@@ -195,5 +196,44 @@ def test_agentq_approve_shows_the_held_call_and_names_it_and_a_stale_tool_use_id
     assert api.until(task_id, lambda v: True, key=key)["pending_tool_use_id"] == second and _charges(api, big) == 0
     refused = run_agentq(["reject", task_id, "--tool-use-id", second], env, 60)
     assert refused.returncode == 0 and f"rejected {task_id}" in refused.stdout, refused
+    assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=key)["status"] == "succeeded"
+    assert (_charges(api, small), _charges(api, big)) == (1, 0)
+
+
+def _decide_a2a(api: ApiStack, name: str, key: str, task_id: str, data: dict[str, Any]) -> dict[str, Any]:
+    message = {"messageId": uuid.uuid4().hex, "role": "ROLE_USER", "parts": [{"data": data}], "taskId": task_id}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+            "params": {"message": message, "configuration": {"returnImmediately": True}}}  # fmt: skip
+    status, answer, _ = api.http("POST", f"/a2a/{name}", body, key=key, headers={"A2A-Version": "1.0"})
+    assert status == 200, answer
+    return dict(answer)
+
+
+def _refused_field(answer: dict[str, Any]) -> str | None:
+    """The field an A2A invalid-params error names (its ErrorInfo's metadata)."""
+    error = answer.get("error") or {}
+    return next((d["metadata"]["field"] for d in error.get("data", []) if "field" in d.get("metadata", {})), None)
+
+
+def test_an_a2a_decision_naming_a_call_no_longer_held_is_refused_naming_tool_use_id(api_stack: ApiStack) -> None:
+    """A2A's status message names the held call (``toolUseId``); a data part decision carrying
+    it decides that call; sent again, or once the big charge is held, it is an invalid-params
+    error naming ``toolUseId`` (not a message handed to the agent), nothing decided."""
+    api = api_stack
+    key, name, small, big = _held_twice(api)
+    task_id = api.submit({"goal": "charge", "agent": name}, key=key)
+    first = _holding(api, task_id, key, small)["pending_tool_use_id"]
+    got = _decide_a2a(api, name, key, task_id, {"approved": True, "toolUseId": 5})
+    assert _refused_field(got) == "toolUseId", got
+    got = _decide_a2a(api, name, key, task_id, {"approved": True, "toolUseId": first})
+    assert "result" in got, got
+    again = _decide_a2a(api, name, key, task_id, {"approved": True, "toolUseId": first})
+    assert _refused_field(again) == "toolUseId" and "was approved already" in again["error"]["message"]
+
+    second = _holding(api, task_id, key, big)["pending_tool_use_id"]
+    stale = _decide_a2a(api, name, key, task_id, {"approved": True, "note": "bob", "toolUseId": first})
+    assert _refused_field(stale) == "toolUseId" and repr(second) in stale["error"]["message"], stale
+    assert api.until(task_id, lambda v: True, key=key)["pending_tool_use_id"] == second and _charges(api, big) == 0
+    assert "result" in _decide_a2a(api, name, key, task_id, {"approved": False, "toolUseId": second})
     assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=key)["status"] == "succeeded"
     assert (_charges(api, small), _charges(api, big)) == (1, 0)

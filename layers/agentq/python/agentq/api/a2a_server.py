@@ -11,7 +11,8 @@ which calls the same control functions the HTTP API calls, as the MCP server doe
   (``control.conversations.send_message``: a follow-up to an interrupted task, a message at
   the next turn boundary to a running one), or, to a task paused for approval, it is
   the decision (``approve`` / ``reject`` and an optional note, or a data part
-  ``{"approved": bool, "note": str}``). It answers with the task once it stopped
+  ``{"approved": bool, "note": str, "toolUseId": str}``: the held call its status message names,
+  so the decision is of that call or of none). It answers with the task once it stopped
   (``input-required``, ``auth-required`` or an end) or after ``WAIT_SECONDS``, at once with
   ``returnImmediately``. A task that has ended takes no message (``UnsupportedOperationError``,
   as the protocol requires: an A2A task never restarts, where agentq would reopen an answered
@@ -48,7 +49,7 @@ from agentq.api import a2a_views as views
 from agentq.api.a2a_push import PushConfigMethods, config_in
 from agentq.api.a2a_stream import stopped, task_events
 from agentq.api.a2a_views import HISTORY_BYTES
-from agentq.api.models import MAX_NOTE_CHARS
+from agentq.api.models import MAX_NOTE_CHARS, MAX_TOOL_USE_ID_CHARS
 from agentq.api.routes.common import ApiDeps
 from agentq.api.user_submission import check_user_submission
 from agentq.control import operations
@@ -289,10 +290,19 @@ class AgentqRequestHandler(PushConfigMethods):
         """The message to a task that has not ended: the decision of a paused one, else a message
         under its double-texting policy."""
         deps, call = self.deps, call_var.get()
-        if task.status is TaskStatus.PAUSED:
-            approved, note = _decision(message, text)
-            operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
-                              by=call.caller.tenant, by_user=call.caller.user, tenant=task.tenant)  # fmt: skip
+        data = _decision_data(message)
+        # A decision naming its call is one even when the task no longer waits (a double click,
+        # another reviewer first): refused, not handed to the agent as a message.
+        if task.status is TaskStatus.PAUSED or (data is not None and data[2] is not None):
+            approved, note, use_id = data if data is not None else _decision(text)
+            try:
+                operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
+                                  by=call.caller.tenant, by_user=call.caller.user, tenant=task.tenant,
+                                  tool_use_id=use_id)  # fmt: skip
+            except IllegalTransition as exc:
+                if exc.field == "tool_use_id":  # said in A2A's name, the one the task's status message gives
+                    raise _invalid(exc.message, "toolUseId") from None
+                raise
             return deps.store.tasks.get(task.task_id), 0
         sent = send_message(deps.store, deps.queues, task.task_id, text, tenant=task.tenant,
                             idempotency_key=_idempotency_key(call, message.message_id, task.task_id, text))  # fmt: skip
@@ -419,29 +429,40 @@ def _text_of(message: Any) -> str:
     return text
 
 
-def _decision(message: Any, text: str) -> tuple[bool, str]:
-    """A message to a task paused for approval, read as the decision: a data part
-    ``{"approved": bool, "note": str}``, or text starting with ``approve`` (a note may follow);
-    any other text rejects the request with the message as its note, so the agent reads what
-    the person said instead. Nothing but an explicit approval approves."""
+def _decision_data(message: Any) -> tuple[bool, str, str | None] | None:
+    """The decision a data part ``{"approved": bool, "note": str, "toolUseId": str}`` of the
+    message says, if one does. ``toolUseId`` (the one the task's status message gives): the held
+    call this decides, so a decision sent for a call decided meanwhile never decides the next
+    one (refused naming ``toolUseId``); without it, whatever is held when it lands."""
     from google.protobuf.json_format import MessageToDict
 
     for part in message.parts:
         if part.WhichOneof("content") == "data":
             data = MessageToDict(part.data)
             if isinstance(data, dict) and isinstance(data.get("approved"), bool):
-                note = data.get("note", "")
-                return bool(data["approved"]), note if isinstance(note, str) else ""
+                note, use_id = data.get("note", ""), data.get("toolUseId")
+                if use_id is not None and not (isinstance(use_id, str) and 0 < len(use_id) <= MAX_TOOL_USE_ID_CHARS):
+                    raise _invalid(f"the held call's id (a string of 1 to {MAX_TOOL_USE_ID_CHARS:,} characters, "
+                                   "as the task's status message gives it)", "toolUseId")  # fmt: skip
+                return bool(data["approved"]), note if isinstance(note, str) else "", use_id
+    return None
+
+
+def _decision(text: str) -> tuple[bool, str, None]:
+    """A text message to a task paused for approval, read as the decision: text starting with
+    ``approve`` (a note may follow); any other text rejects the request with the message as its
+    note, so the agent reads what the person said instead. Nothing but an explicit approval
+    approves. Text names no call: it decides whatever is held when it lands."""
     word, _, rest = text.strip().partition(" ")
     verb = word.strip(".,!:").lower()
     if verb in APPROVE_WORDS:
-        return True, rest.strip()
+        return True, rest.strip(), None
     if verb in REJECT_WORDS:
-        return False, rest.strip()
+        return False, rest.strip(), None
     if len(text) > MAX_NOTE_CHARS:
         raise _invalid(f"{len(text):,} characters; a message that answers an approval (its note) holds at most "
                        f"{MAX_NOTE_CHARS:,}", "message.parts")  # fmt: skip
-    return False, text
+    return False, text, None
 
 
 def _encode_token(sk: str) -> str:
