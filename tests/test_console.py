@@ -842,6 +842,45 @@ def test_a_forbidden_action_shows_the_apis_409_message(console: Console, tab: Pa
     assert [e for e in tab.errors if "status of 409" not in e] == []
 
 
+def test_an_approve_of_a_call_decided_meanwhile_is_refused_and_the_next_held_call_stays_undecided(
+    console: Console, tab: Page
+) -> None:
+    """The page's approve names the held call it shows (``tool_use_id``, the call marked "this
+    decision"). Another reviewer approves that call and the task holds its next ask before this
+    page polls again: the click is the API's 409 naming the call as decided already, the next ask
+    is still undecided, and the page loaded again shows it with its own approve. Before, the
+    click approved the next ask, which this page never showed."""
+    turns: list[dict[str, Any]] = [
+        {"text": "", "tool_calls": [call("request_approval", question="Charge 5 cents?")]},
+        {"text": "", "tool_calls": [call("request_approval", question="Charge 500 dollars?")]},
+        {"text": "charged"},
+    ]
+    task_id = console.submit(scripted("charge twice", turns, tools=["request_approval"]))
+    first = console.until(task_id, lambda v: v["status"] == "paused")["pending_tool_use_id"]
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector(".approval:has-text('Charge 5 cents?')")
+    assert "this decision" in page.inner_text(f'.approval .call[data-tool-use-id="{first}"]')
+    # This page's polls are held from here on: it still shows the first ask when it is clicked.
+    page.route(f"**/tasks/{task_id}", lambda route: route.continue_() if route.request.method != "GET" else None)
+    assert console.http("POST", f"/tasks/{task_id}/approve", {"tool_use_id": first})[0] == 200
+    second = console.until(task_id, lambda v: v["status"] == "paused" and v["pending_tool_use_id"] != first)
+    page.click("#approve")
+    page.wait_for_selector("#alert:has-text('409 illegal_transition')")
+    assert "was approved already" in page.inner_text("#alert")
+    view = console.until(task_id, lambda v: True)
+    assert view["status"] == "paused" and view["pending_tool_use_id"] == second["pending_tool_use_id"], view
+    page.unroute(f"**/tasks/{task_id}")
+    page.reload()
+    page.wait_for_selector(".approval:has-text('Charge 500 dollars?')")
+    page.click("#approve")
+    page.wait_for_selector("h1 .badge.s-succeeded")
+    status, events = console.http("GET", f"/tasks/{task_id}/events?limit=200")
+    decided = [e["data"]["tool_use_id"] for e in events["events"] if e["type"] == "approval.decided"]
+    assert status == 200 and decided == [first, second["pending_tool_use_id"]], decided
+    assert [e for e in tab.errors if "status of 409" not in e] == []
+
+
 def test_the_api_explorer_is_swagger_ui_over_the_generated_document_offline(console: Console, tab: Page) -> None:
     page = tab.page
     page.goto(f"{console.url}/console/explorer")

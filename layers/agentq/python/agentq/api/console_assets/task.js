@@ -60,7 +60,7 @@ export async function taskPage(ctx, taskId) {
     drawGauge(el.gauge, view);
     drawFacts(el.facts, view);
     drawResult(el.result, view);
-    const actionSig = JSON.stringify([view.status, view.step, view.depth, view.pending_calls, view.model]);
+    const actionSig = JSON.stringify([view.status, view.step, view.depth, view.pending_tool_use_id, view.pending_approval, view.pending_calls, view.model]);
     if (actionSig !== shown.actions) {
       shown.actions = actionSig;
       drawActions(el.actions, view, { ctx, path, notice: el.notice, refresh: () => refresh(false) });
@@ -246,20 +246,28 @@ function actor(env) {
 function drawActions(el, v, env) {
   const parts = [h("h2", { id: "actions-h" }, "Actions")];
   const act = actor(env);
-  if (v.status === "paused" && v.pending_calls.length) {
+  // The decision names the held call this box shows (pending_tool_use_id): if it was decided meanwhile
+  // (another reviewer, a double click) and the task holds another, the API refuses (409 naming
+  // tool_use_id) rather than decide a call nobody here was shown.
+  const held = v.pending_tool_use_id;
+  if (v.status === "paused" && held) {
     const note = h("textarea", { id: "decision-note", rows: 2, maxlength: 4000 });
     const approve = h("button", { type: "button", class: "primary", id: "approve" }, "Approve");
     const reject = h("button", { type: "button", class: "danger", id: "reject" }, "Reject");
-    approve.addEventListener("click", () => act(approve, () => "Approved: the task is queued to resume.", () => post(`${env.path}/approve`, { note: note.value })));
-    reject.addEventListener("click", () => act(reject, () => "Rejected: the task is queued to resume with the rejection.", () => post(`${env.path}/reject`, { note: note.value })));
+    const decide = (verb) => post(`${env.path}/${verb}`, { note: note.value, tool_use_id: held });
+    approve.addEventListener("click", () => act(approve, () => "Approved: the task is queued to resume.", () => decide("approve")));
+    reject.addEventListener("click", () => act(reject, () => "Rejected: the task is queued to resume with the rejection.", () => decide("reject")));
     parts.push(h("div", { class: "approval" },
       h("h3", {}, "Waiting for approval"),
       h("p", {}, v.pending_approval || ""),
       v.pending_approver === "tenant" && v.user
         ? h("p", { class: "small", id: "approver" }, `Only the tenant decides this one (an API key: this console, the CLI); ${v.user}'s token may not.`)
         : null,
-      h("p", { class: "small muted" }, "The turn's tool calls, exactly as the model asked; none runs before the decision:"),
-      v.pending_calls.map((c) => h("div", { class: "call" }, h("code", {}, c.name), json(c.input))),
+      v.pending_calls.length ? [
+        h("p", { class: "small muted" }, "The turn's tool calls, exactly as the model asked; none runs before the decision:"),
+        v.pending_calls.map((c) => h("div", { class: "call", "data-tool-use-id": c.tool_use_id },
+          h("code", {}, c.name), c.tool_use_id === held ? h("span", { class: "tag warn" }, "this decision") : null, json(c.input))),
+      ] : null,
       h("label", { for: "decision-note" }, "Note for the agent"), note,
       h("div", { class: "row" }, approve, reject)));
   }
