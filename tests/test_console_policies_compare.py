@@ -11,6 +11,7 @@ from a task's "Compare with…" and from a fork to its original (issue 46, item 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from tests.helpers import call
@@ -190,6 +191,26 @@ def test_a_held_call_only_the_tenant_decides_says_so_on_an_end_users_task(consol
     assert "Only the tenant decides this one" in page.inner_text("#approver")
     assert "ann's token may not" in page.inner_text("#approver")
     assert "waiting for approval by the tenant" in page.inner_text(".activity")
+    page.click("#approve")
+    page.wait_for_selector("h1 .badge.s-succeeded", timeout=60_000)
+    no_errors(tab)
+
+
+def test_a_caps_soft_threshold_pause_shows_its_approve_though_no_tool_call_is_held(console: Console, tab: Page) -> None:
+    """A cap's soft threshold pauses a task before a model call: no tool call is held, and the
+    page once showed no approve for it at all. The approval box shows the cap's question and
+    the console's key (the tenant's, who decides a cap) approves it by its id."""
+    user = f"cara-{uuid.uuid4().hex[:6]}"
+    soft = {"daily_tokens": 100_000_000, "soft_daily_tokens": 1}
+    assert console.http("PUT", f"/caps/user/{user}", soft)[0] == 200
+    backend = console.stack.create_api_key("team-a", act_for_users=True)
+    task_id = console.submit(scripted("answer", [{"text": "answered"}], user=user), key=backend)
+    view = console.until(task_id, lambda v: v["status"] == "paused")
+    assert view["pending_calls"] == [] and view["pending_tool_use_id"].startswith("cap-user-day-"), view
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector("#approve")
+    assert "soft" in page.inner_text(".approval")
     page.click("#approve")
     page.wait_for_selector("h1 .badge.s-succeeded", timeout=60_000)
     no_errors(tab)
