@@ -164,7 +164,7 @@ def test_a_caps_soft_threshold_is_the_tenants_to_approve_not_the_capped_users_to
     assert view["status"] == "paused" and view["pending_approver"] == "tenant", view
     assert "soft" in view["pending_approval"] and _decisions(api, task_id, key) == [], view
     # No tool call is held (the pause comes before a model call): the view names the cap's approval.
-    assert view["pending_calls"] == [] and view["pending_tool_use_id"].startswith("cap-user-day-"), view
+    assert view["pending_calls"] == [] and view["pending_tool_use_id"].startswith("agentq-cap-user-day-"), view
     assert api.http("POST", f"/tasks/{task_id}/approve", {"note": "ops: fine today"}, key=key)[0] == 200
     assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=key)["status"] == "succeeded"
     [decided] = _decisions(api, task_id, key)

@@ -206,7 +206,7 @@ def test_a_caps_soft_threshold_pause_shows_its_approve_though_no_tool_call_is_he
     backend = console.stack.create_api_key("team-a", act_for_users=True)
     task_id = console.submit(scripted("answer", [{"text": "answered"}], user=user), key=backend)
     view = console.until(task_id, lambda v: v["status"] == "paused")
-    assert view["pending_calls"] == [] and view["pending_tool_use_id"].startswith("cap-user-day-"), view
+    assert view["pending_calls"] == [] and view["pending_tool_use_id"].startswith("agentq-cap-user-day-"), view
     page = tab.page
     page.goto(f"{console.url}/console/#/tasks/{task_id}")
     page.wait_for_selector("#approve")

@@ -295,7 +295,7 @@ class TaskView(ApiModel):
     )
     pending_tool_use_id: str | None = Field(
         default=None,
-        description="the id of the held call (or cap-<scope>-<window>-<period> for a cap's soft threshold) a paused "
+        description="the id of the held call (or agentq-cap-<scope>-<window>-<period> for a cap's soft threshold) a paused "
         "task waits on: send it as tool_use_id with approve or reject, so the decision is of this call only; "
         "null when nothing is pending",
     )
