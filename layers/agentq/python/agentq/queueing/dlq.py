@@ -28,7 +28,6 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from agentq.core.errors import DETERMINISTIC_FAULTS, TaskNotFound
 from agentq.core.models import Task
 from agentq.queueing.queues import (
     DEAD_LETTER_REASON,
@@ -36,6 +35,7 @@ from agentq.queueing.queues import (
     TaskQueues,
     describe_body,
 )
+from agentq.queueing.task_reads import read_tasks, task_or_none
 from agentq.resources import TIERS
 from agentq.storage.container import Storage
 
@@ -127,7 +127,7 @@ def _listed(queues: TaskQueues, store: Storage, tier: str, limit: int, tenant: s
             received += len(batch)
             held.update((m["MessageId"], m["ReceiptHandle"]) for m in batch)
             ids = {m["MessageId"]: _task_id(m["Body"]) for m in batch}
-            tasks.update(_read_tasks(store, [t for t in dict.fromkeys(ids.values()) if t and t not in tasks]))
+            tasks.update(read_tasks(store, [t for t in dict.fromkeys(ids.values()) if t and t not in tasks]))
             for m in batch:
                 letter = _dead_letter(tier, m, ids[m["MessageId"]], tasks)
                 if tenant is None or letter.tenant == tenant:
@@ -170,32 +170,6 @@ def _dead_letter(tier: str, m: dict[str, Any], task_id: str | None, tasks: dict[
         sent_at=int(m.get("Attributes", {}).get("SentTimestamp", "0")) / 1000,
         tenant=task.tenant if task else None,
     )
-
-
-def _read_tasks(store: Storage, task_ids: list[str]) -> dict[str, Task | None]:
-    """Many tasks in one read (BatchGetItem); None for one gone or unreadable. When one of them
-    is unreadable the read fails as a whole, and each is read alone, so only that one is None."""
-    if not task_ids:
-        return {}
-    try:
-        found = {task.task_id: task for task in store.tasks.get_many(task_ids)}
-    except DETERMINISTIC_FAULTS:
-        return {task_id: _task_or_none(store, task_id) for task_id in task_ids}
-    return {task_id: found.get(task_id) for task_id in task_ids}
-
-
-def _task_or_none(store: Storage, task_id: str) -> Task | None:
-    """The task, or None when it is gone or unreadable (stored as no code of ours can read it:
-    ``DETERMINISTIC_FAULTS``, as ``dispatch._poison.unreadable_task`` dead-lettered it). Such a
-    task's dead letter is nobody's: no tenant lists or redrives it, and one of them in a DLQ
-    every tenant shares must not break another tenant's listing or redrive; an operator sees and
-    moves it with ``agentq dlq``."""
-    try:
-        return store.tasks.get(task_id)
-    except TaskNotFound:
-        return None
-    except DETERMINISTIC_FAULTS:
-        return None
 
 
 @dataclass
@@ -346,7 +320,7 @@ def redrive_for_tenant(
 
     def owner(task_id: str) -> str | None:
         if task_id not in owners:
-            task = _task_or_none(store, task_id)
+            task = task_or_none(store, task_id)
             owners[task_id] = task.tenant if task is not None else None
         return owners[task_id]
 
