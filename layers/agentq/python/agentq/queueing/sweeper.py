@@ -63,6 +63,7 @@ from agentq.core.models import Task
 from agentq.core.status import LOOK_DUE, SILENT_UNTIL, SWEPT_AT, TaskStatus
 from agentq.queueing.queues import MessageKind, TaskQueues
 from agentq.queueing.recovery import recover_lapsed
+from agentq.queueing.task_reads import read_tasks
 from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import RunningSlots, key_pk
@@ -148,7 +149,7 @@ def sweep(
     _wake_where_room(slots, queues, parked, report)
     _wake_fleet_room(slots, queues, sum(len(w) for w in in_fleet.values()), report)
     parked |= {fleet_slots.queue_pk(t, slots.fleet_name): waiting for t, waiting in in_fleet.items()}
-    for task in store.tasks.get_many(list(stranded)):
+    for task in _readable(store, list(stranded)):
         if task.status.value not in STRANDABLE:
             continue
         if task.status is TaskStatus.QUEUED and not task.slots and _is_parked(slots, task, parked):
@@ -160,7 +161,7 @@ def sweep(
         report.swept.append(task.task_id)
         log.warning("task %s swept: %s with no sign of life for over %.0fs; re-enqueued", task.task_id, task.status.value,
                     stale_after)  # fmt: skip
-    for task in store.tasks.get_many(list(lost_looks)):
+    for task in _readable(store, list(lost_looks)):
         if task.status is not TaskStatus.WAITING:
             continue
         # Its due moves to now first (the look sent is due at once), from the overdue due listed
@@ -221,3 +222,13 @@ def _wake_fleet_room(slots: RunningSlots, queues: TaskQueues, waiting: int, repo
         queues.send(waiter, tier, tenant=tenant or None)
         report.woken.append(waiter)
         log.info("task %s woken by the sweeper: the fleet has room", waiter)
+
+
+def _readable(store: Storage, task_ids: list[str]) -> list[Task]:
+    """The tasks of ``task_ids`` that can be read. One stored as no code of ours reads it is left
+    out with a warning (its own message dead-letters it, ``dispatch._poison``): before, it failed
+    the whole pass, every pass, and no other task was swept or looked after."""
+    found = read_tasks(store, task_ids)
+    for task_id in (t for t, task in found.items() if task is None):
+        log.warning("task %s cannot be read (gone, or stored as nothing here reads): not swept", task_id)
+    return [task for task in found.values() if task is not None]
