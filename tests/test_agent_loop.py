@@ -235,12 +235,18 @@ def test_a_script_that_cannot_be_loaded_fails_the_task_at_once(
 
 
 def test_an_outage_is_raised_to_the_queue_with_the_lease_given_back(store: Storage, registry: ToolRegistry) -> None:
+    """An error of no known kind from the call (no provider's classifier said it was unbilled):
+    raised to the queue, the lease given back, and the call's hold counted as spent, its outcome
+    unknown (``BudgetHolds.leave``): the request may have reached the provider. It used to be
+    given back as unspent."""
     task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")
     with pytest.raises(ConnectionResetError):
         engine(store, registry, providers=lambda s: _Unreachable()).run(task.task_id)
     meta = store.tasks.get(task.task_id)
     assert meta.status is TaskStatus.RUNNING and meta.lease_expires == 0  # the redelivery may claim at once
-    assert meta.inflight is None and store.budgets.get(task.task_id).reserved == 0
+    budget = store.budgets.get(task.task_id)
+    assert meta.inflight is None and budget.reserved == 0
+    assert budget.used == budget.unknown > 0
     assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
 
 

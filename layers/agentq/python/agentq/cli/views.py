@@ -50,6 +50,7 @@ ORPHAN_LABELS = {
     "interrupted": "interrupted: answer discarded, never committed; paid",
     "lease_lost": "orphan: lease lost, never committed; paid",
     "timed_out": "timed out: answered after the task's timeout cut it, never committed; paid",
+    "commit_failed": "commit failed: the store failed its write, never committed; paid",
 }
 
 

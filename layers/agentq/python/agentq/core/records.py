@@ -196,14 +196,15 @@ class IdempotencyRecord:
     expires_at: int
 
 
-OrphanReason = Literal["lease_lost", "interrupted", "timed_out"]
+OrphanReason = Literal["lease_lost", "interrupted", "timed_out", "commit_failed"]
 
 
 @dataclass(frozen=True)
 class OrphanCall:
     """An LLM call that happened but whose step was never committed: its worker lost the lease
-    (``lease_lost``), a person interrupted the task while it answered (``interrupted``), or the
-    task's timeout cut it and its answer came after all (``timed_out``)."""
+    (``lease_lost``), a person interrupted the task while it answered (``interrupted``), the
+    task's timeout cut it and its answer came after all (``timed_out``), or a write of its commit
+    failed (``commit_failed``: the store throttled past the retries, an outage; the run ended on it)."""
 
     number: int
     epoch: int

@@ -387,8 +387,13 @@ class Steps:
         return [to_wire(i) for i in self.table.query(keys.task_pk(task_id))]
 
 
+_REASONS: dict[str, OrphanReason] = {
+    "interrupted": "interrupted",
+    "timed_out": "timed_out",
+    "commit_failed": "commit_failed",
+}
+
+
 def _orphan_reason(stored: Any) -> OrphanReason:
     """An orphan item's ``reason`` (one written before reasons were kept: ``lease_lost``)."""
-    if stored == "interrupted":
-        return "interrupted"
-    return "timed_out" if stored == "timed_out" else "lease_lost"
+    return _REASONS.get(str(stored), "lease_lost")

@@ -87,11 +87,12 @@ class LLMCallEvent(ApiModel):
         description="a fallback took over at this call: the model the turn wanted first (provider, model) and why "
         "it did not answer (reason: circuit_open, or its call's error code after the retries)",
     )
-    orphan_reason: Literal["lease_lost", "interrupted", "timed_out"] | None = Field(
+    orphan_reason: Literal["lease_lost", "interrupted", "timed_out", "commit_failed"] | None = Field(
         default=None,
         description="an orphan's why: lease_lost (its worker lost the task to another), interrupted (a person "
         "interrupted the task while the model answered: the answer was discarded), timed_out (the task's timeout "
-        "cut the call, whose answer came after all); null for a committed call",
+        "cut the call, whose answer came after all), commit_failed (the store failed a write of its commit, "
+        "throttled or down: a later run calls again); null for a committed call",
     )
     truncated: bool
 

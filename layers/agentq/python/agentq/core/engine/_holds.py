@@ -423,6 +423,27 @@ class BudgetHolds:
         self.release(s)
         self.tasks.release(s.lease)
 
+    def leave(self, s: Session) -> None:
+        """The lease back after an error the run cannot go on from (the store failed a write:
+        throttled past the retries, an outage; an error of no known kind from the call), and
+        the hold given back only if its call never went out (``release_unsent``). A hold whose
+        call was sent is not known unspent: the provider may have answered and billed it (an
+        answer in hand was charged already: ``Answers.commit_failed``). Its call is over, so it
+        is counted as spent now, its outcome unknown, its ticket kept for a report to correct
+        it (a grade replayed from its record: ``spend``); a batch's stays as it is, for the
+        next claim to adopt with the batch and read again. Where that write fails too (the
+        store still down), the hold stays on META: the next claim sets it aside and counts it as
+        spent at its deadline (``take_over``). Never returned."""
+        held = s.task.inflight
+        batch = s.task.batch
+        try:
+            if held is None or held.epoch != s.lease.epoch or held.step != s.sent_hold_step:
+                self.release_unsent(s)
+            elif batch is None or int(batch["step"]) != s.next_step:
+                self.spend(s)
+        finally:
+            self.tasks.release(s.lease)
+
 
 def count_as_spent(
     budgets: BudgetLedger, task: Task, held: Reservation, *, ticket: bool = True, forget_batch: bool = False

@@ -64,6 +64,7 @@ class Answers:
         if held is not None and held.until is not None and time.time() > held.until:
             log.warning("task %s: call answered after its hold's deadline; raise AGENTQ_MAX_CALL_SECONDS", s.task_id)
         try:
+            self.admitted(s, call, response)
             s.held.check()  # the heartbeat may have learned first that the lease is lost
             try:
                 record = self.writer.commit(s, step, settle=settle, finish=finish, result=result, error=error)
@@ -100,6 +101,9 @@ class Answers:
             # whoever learned of the lost lease: the ledger gets them once, as an orphan.
             self.discard(s, step, settle, call.window, reason="lease_lost")
             raise
+        except Exception:
+            self.commit_failed(s, call, step, settle)
+            raise
         if call.window is not None:
             self.windows.settle(call.window, settle.used, settle.used_micros)
         self.writer.committed(s, record, messages)
@@ -119,20 +123,13 @@ class Answers:
         reading it used to give the batch's hold back: billed by the provider, charged nothing."""
         crash_point("after_llm_call")
         step, settle = self.answered(s, call, response)
+        self.admitted(s, call, response)
         self.discard(s, step, settle, settling(self.tasks, s, call), reason="timed_out", forget_batch=True)
         log.info("task %s: answer of batch step %d cut at the task's timeout", s.task_id, s.next_step)
 
     def answered(self, s: Session, call: Call, response: LLMResponse) -> tuple[LLMStep | CompactStep, BudgetDelta]:
         """``call``'s answer as the step it makes, and the settlement of its hold with what it used."""
         request, route, sub = call.asked, call.route, s.task.submission
-        if route.admission is not None:
-            usage = response.usage
-            key = route.key(sub)
-            self.flow.succeeded(key, route.admission)
-            # Against a provider's input limit count uncached and cache-write tokens, not reads.
-            self.flow.settle(
-                key, route.admission, usage.input_tokens + usage.cache_creation_input_tokens, usage.output_tokens
-            )
         cost = call_cost(self.prices, sub.provider, response.model or request.model, request.model, response)
         if s.economy:
             cost = cost * BATCH_PRICE_RATIO
@@ -167,6 +164,41 @@ class Answers:
             step = LLMStep(**dict(answered), cleared_before=self.requests.context(s)[1])
         return step, settle
 
+    def admitted(self, s: Session, call: Call, response: LLMResponse) -> None:
+        """The fleet's flow control learns the call answered, and what it used of the provider's
+        limits (the admission taken for it settled)."""
+        route = call.route
+        if route.admission is not None:
+            usage = response.usage
+            key = route.key(s.task.submission)
+            self.flow.succeeded(key, route.admission)
+            # Against a provider's input limit count uncached and cache-write tokens, not reads.
+            self.flow.settle(
+                key, route.admission, usage.input_tokens + usage.cache_creation_input_tokens, usage.output_tokens
+            )
+
+    def commit_failed(self, s: Session, call: Call, step: LLMStep | CompactStep, settle: BudgetDelta) -> None:
+        """The store failed a write after the model answered (the step's commit, or the flow
+        control's, throttled past the retries: an outage), and the run ends on that error. The
+        provider billed the call, so its hold is never given back as unspent: this run, which
+        holds the answer, charges it as known now, as an orphan (``commit_failed``), with the
+        windows' hold for it. Only while the hold's ticket is on META (``ticketed``): a commit
+        whose answer was lost after it landed settled the hold already, and is charged once.
+        Best effort, the store may still be failing: the hold then stays on META, where the
+        next claim sets it aside and counts it as spent at its deadline (``BudgetHolds.leave``).
+        A batch's answer is left to the next claim, which adopts its hold and reads it again,
+        as after a lost lease."""
+        if s.economy:
+            return
+        try:
+            self.discard(s, step, settle, call.window, reason="commit_failed", ticketed=True)
+        except Exception:
+            log.warning("task %s: could not charge the answer of step %d after the store failed; its hold stays "
+                        "on the task for the next claim", s.task_id, s.next_step, exc_info=True)  # fmt: skip
+        else:
+            log.info("task %s: answer of step %d charged as an orphan: the store failed its commit", s.task_id,
+                     s.next_step)  # fmt: skip
+
     def discard(
         self,
         s: Session,
@@ -176,18 +208,21 @@ class Answers:
         *,
         reason: OrphanReason,
         forget_batch: bool = False,
+        ticketed: bool = False,
     ) -> None:
         """An answer that will not be committed: its usage is settled once, with the hold (and
         the tenant ``window``'s hold for it), and the call stays in the trace as an orphan, with
         why (``reason``). ``forget_batch``: it is a batch's answer, and the batch's record goes
-        in the write that settles it, so no later run reads it again and charges it twice."""
+        in the write that settles it, so no later run reads it again and charges it twice.
+        ``ticketed``: charged only with its hold's ticket (``commit_failed``), as a batch's is."""
         # A batch's answer is one answer whoever reads it: only the run holding its hold's ticket
         # charges and records it (a paused run whose ticket the next claim adopted charges nothing).
+        ticketed = ticketed or forget_batch
         settled = self.budgets.settle_orphan(
             s.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch, parent_id=s.task.parent_id,
-            **forgetting(forget_batch), **({"ticketed": True} if forget_batch else {}),
+            **forgetting(forget_batch), **({"ticketed": True} if ticketed else {}),
         )  # fmt: skip
-        if settled or not forget_batch:
+        if settled or not ticketed:
             self.steps.record_orphan(s.lease, s.next_step, step, reason=reason)
         if window is not None:
             self.windows.settle(window, settle.used, settle.used_micros)

@@ -383,9 +383,10 @@ class Engine:
         return RunResult(s.task_id, "finished", status=TaskStatus.FAILED, error=error)
 
     def _give_back(self, s: Session) -> None:
-        """The reservation and the lease back, as after a retryable provider error (a later
-        claim would return a reservation left behind anyway, see ``BudgetHolds.take_over``)."""
+        """The lease back, so the redelivery can claim at once, and the hold with it only if its
+        call never went out (``BudgetHolds.leave``): one that was sent may have been billed, and
+        is counted as spent, never returned."""
         try:
-            self._holds.hand_back(s)
+            self._holds.leave(s)
         except Exception:  # lost, or the store is what failed: the lease lapses by itself
             log.debug("could not give task %s back", s.task_id, exc_info=True)
