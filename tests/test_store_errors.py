@@ -1,5 +1,6 @@
-"""A store that fails a write (throttled past botocore's retries, or down): what the model billed
-stays on the ledger. The faults are DynamoDB's own answers on the wire (``tests/dynamodb_faults.py``), in a
+"""A store that fails a write (throttled past botocore's retries, down, or applied with its answer
+lost): what the model billed stays on the ledger, and a write whose answer was lost is applied
+once. The faults are DynamoDB's own answers on the wire (``tests/dynamodb_faults.py``), in a
 real worker process or in the test's own, against moto server."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tests.fake_messages_api import (
     text_reply,
     usage_dict,
 )
-from tests.helpers import run_agentq, wait_for
+from tests.helpers import run_agentq, scripted, wait_for
 
 ANSWER = {"input_tokens": 20, "output_tokens": 100}
 
@@ -189,3 +190,92 @@ def test_a_batch_read_before_a_throttled_step_commit_keeps_its_hold_for_the_next
         budget = store.budgets.get(task_id)
         assert (budget.used, budget.unknown, budget.reserved) == (billed, 0, 0), budget
         assert len(api.batches) == 1
+
+
+def test_a_message_whose_accepting_write_answer_is_lost_is_accepted_once(
+    settings: Settings, store: Storage, faults: Callable[..., None]
+) -> None:
+    """``POST /tasks/{id}/messages`` without an Idempotency-Key: the accept's TransactWriteItems is
+    applied by DynamoDB, but its answer is lost (a 500: botocore sends it again, as after a
+    connection reset or a read timeout after the write). The person sent one message, so the
+    task holds one, delivered once: the retry carries the first attempt's ClientRequestToken,
+    and DynamoDB answers it as the write it already applied (``Messages.accept``)."""
+    from agentq.core.engine import Engine, EngineConfig
+    from agentq.core.models import MessageStep
+    from agentq.runtime import build_registry
+
+    task = store.tasks.create(scripted([{"text": "first"}, {"text": "second"}]), tenant="t")
+    faults("TransactWriteItems", "MSG#000001", 1, 1, mode="lost")
+    store.messages.accept(task.task_id, "also check the invoices")  # one message, sent once
+    assert dynamodb_faults.faulted == ["TransactWriteItems"]
+
+    texts = [m.text for m in store.messages.listed(task.task_id)]
+    engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=5))
+    engine.run(task.task_id)
+    delivered = [
+        m.text for s in store.steps.load(task.task_id) if isinstance(s.body, MessageStep) for m in s.body.messages
+    ]
+    assert texts == ["also check the invoices"]
+    assert delivered == ["also check the invoices"]
+
+
+def _events(store: Storage, task_id: str) -> list[str]:
+    """The task's event log, as the types of its events."""
+    head = store.events.head(task_id)
+    assert head is not None
+    return [e.type for e in store.events.read(task_id, head, None)]
+
+
+def test_a_budget_raise_whose_answer_is_lost_raises_the_budget_once(
+    store: Storage, faults: Callable[..., None]
+) -> None:
+    """``POST /tasks/{id}/budget``: the raise's transaction is applied, its answer lost, and
+    botocore sends it again. The person raised once, so the cap moves once and the log holds one
+    ``budget.raised``. It used to be raised twice: the retry was refused (``seq`` had moved, by
+    the raise itself), and ``logged_transact`` took that for another write and raised again."""
+    task_id = store.tasks.create(scripted([{"text": "x"}], max_tokens=10_000), tenant="t").task_id
+    before = store.budgets.get(task_id)
+    faults("TransactWriteItems", "budget.raised", 1, 1, mode="lost")
+    raised = store.budgets.raise_cap(task_id, 5_000)
+    assert dynamodb_faults.faulted == ["TransactWriteItems"]
+    assert raised.cap == store.budgets.get(task_id).cap == before.cap + 5_000
+    assert _events(store, task_id).count("budget.raised") == 1
+
+
+def test_an_approval_decided_whose_answer_is_lost_is_decided_without_an_error(
+    store: Storage, faults: Callable[..., None]
+) -> None:
+    """A person approves a paused task's tool call; the decision's transaction is applied, its
+    answer lost, and botocore sends it again. The decision stands and the person hears it went
+    through. It used to be refused on the retry (the approval no longer pending, decided by the
+    first attempt): ``IllegalTransition``, "no pending approval to decide", for a decision stored."""
+    task_id = store.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
+    claimed = store.tasks.claim(task_id, "w", 30)
+    assert claimed is not None
+    store.approvals.request(claimed[0], "toolu_1", "may I?")
+    faults("TransactWriteItems", "approval.decided", 1, 1, mode="lost")
+    store.approvals.decide(task_id, "toolu_1", approved=True, note="go", by="t")
+    assert dynamodb_faults.faulted == ["TransactWriteItems"]
+    decided = store.approvals.get(task_id, "toolu_1")
+    assert decided is not None and decided.state == "approved"
+    assert store.tasks.get(task_id).status is TaskStatus.QUEUED
+    assert _events(store, task_id).count("approval.decided") == 1
+
+
+def test_a_dead_letter_failure_whose_answer_is_lost_is_written_once_and_not_refused(
+    store: Storage, faults: Callable[..., None]
+) -> None:
+    """The dispatcher ends a task out of retries ``failed``, naming its dead letter
+    (``retry_or_dead_letter``); the transition's transaction is applied, its answer lost, and
+    botocore sends it again. The failure is this dispatcher's: the transition returns, and the
+    message goes to the DLQ. It used to be refused on the retry (``failed`` cannot move to
+    ``failed``), which the dispatcher takes for another delivery's failure: the message was
+    deleted, and the task's dead letter never reached the DLQ to be redriven."""
+    task_id = store.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
+    faults("TransactWriteItems", "dead_letter", 1, 1, mode="lost")
+    store.tasks.transition(
+        task_id, TaskStatus.FAILED, error={"code": "provider_error", "dead_lettered": True}, extra={"dead_letter": "f1"}
+    )
+    assert dynamodb_faults.faulted == ["TransactWriteItems"]
+    assert store.tasks.get(task_id).status is TaskStatus.FAILED
+    assert _events(store, task_id).count("task.status") == 1  # the failure: no claim, so no other

@@ -16,7 +16,11 @@ Where the events are:
   item written in the same ``TransactWriteItems`` as the META change, which bumps META's ``seq``
   under the condition ``seq = :s AND step = :k`` (besides its own). The event records
   ``after_step = k``. A write refused only because ``seq`` or ``step`` moved re-reads META and
-  tries again (``logged_transact``): that is the one place events are written.
+  tries again (``logged_transact``): that is the one place events are written. Each attempt is
+  one request, applied once: its ``ClientRequestToken`` makes botocore's retry of it (after an
+  answer lost once DynamoDB applied it) a replay, and its first event carries the same id
+  (``write``), so a retry refused where the token is not honoured finds its own event and counts
+  as done, never as a move to write again.
 - **Claims** stay one ``UpdateItem`` (the hot path of every run): the claim copies META's
   ``step`` and ``seq`` as they were into ``claim_step``/``claim_seq`` (and the status it took the
   task from into ``claimed_from``), and its ``CLAIM#<epoch>`` record carries the same. The latest
@@ -45,6 +49,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -62,6 +67,7 @@ from agentq.storage.table import (
     Put,
     Table,
     TransactionCancelled,
+    TransactionConflict,
     Update,
     absent,
     merge,
@@ -179,6 +185,14 @@ def logged_transact(
     claim moves it without moving ``seq``), so what is returned is what the write replaced; a
     refusal when it had moved is retried from a fresh read, as a moved ``seq`` is, and pinned
     again: a claim between that read and its write would otherwise be written over unseen.
+
+    Each attempt is applied once, though its answer is lost after DynamoDB applied it (a 500, a
+    connection reset, a read timeout) and botocore sends it again: the attempt's id is its
+    ``ClientRequestToken`` (DynamoDB answers the retry as the write it applied) and its first
+    event's ``write``; a retry refused (a store that ignores the token, as moto does) finds
+    that event in its place and returns as the attempt would have. Else a lost answer was a
+    move to write again: a budget raised twice, a message accepted twice, an approval decided
+    and its person told there was none pending, a dead-letter's failure refused as not its own.
     """
     key = keys.meta_key(task_id)
     for attempt in range(WRITE_ATTEMPTS):
@@ -187,15 +201,22 @@ def logged_transact(
             raise TransactionCancelled(frozenset({meta}))
         head = plain(current)
         pinned = read is not None
+        write = uuid.uuid4().hex  # this attempt, one request however often botocore sends it
         try:
-            table.transact(_logged(task_id, actions, event, head, meta=meta, pinned=pinned))
+            table.transact(_logged(task_id, actions, event, head, meta=meta, pinned=pinned, write=write), token=write)
             return current
+        except TransactionConflict:
+            if _landed(table, task_id, head, write):
+                return current
+            raise
         except TransactionCancelled as exc:
             logged = exc.failed & _event_names("event", len(_events(event)))
             if meta not in exc.failed and not logged:
                 raise
             now = table.get(key)
             moved = now is not None and (int(now.get("step", 0)), int(now.get("seq", 0))) != _counters(head)
+            if moved and _landed(table, task_id, head, write):
+                return current  # this attempt went through; its answer was lost and its retry refused
             moved = moved or (pinned and now is not None and now.get("status") != head.get("status"))
             if not moved or not retry_moved:
                 raise TransactionCancelled(exc.failed - logged or frozenset({meta})) from exc
@@ -239,6 +260,13 @@ def _counters(head: Mapping[str, Any]) -> tuple[int, int]:
     return int(head.get("step", 0)), int(head.get("seq", 0))
 
 
+def _landed(table: Table, task_id: str, head: Mapping[str, Any], write: str) -> bool:
+    """Whether the attempt ``write``, made from ``head``, was applied: its first event holds the
+    place after ``head``'s ``seq`` (events are never rewritten, so later writes leave it there)."""
+    first = table.get(keys.item_key(task_id, keys.event_sk(_counters(head)[1] + 1)))
+    return first is not None and first.get("write") == write
+
+
 def _events(event: NewEvent | Sequence[NewEvent]) -> list[NewEvent]:
     events = [event] if isinstance(event, NewEvent) else list(event)
     if not events:
@@ -255,12 +283,13 @@ def _logged(
     meta: str,
     pinned: bool,
     event_name: str = "event",
+    write: str | None = None,
 ) -> list[Action]:
     """``actions`` with the event logged after META as ``head`` holds it: META's action (named
     ``meta``) gets ``seq + 1`` and the condition that ``seq`` and ``step`` (and with ``pinned``,
     ``status``) are still those, and a ``Put`` of ``EVENT#<seq+1>`` (named ``event_name``) joins.
     Several events take ``seq + 1 .. seq + n``, each its ``Put`` (the second named
-    ``<event_name>2``, ...)."""
+    ``<event_name>2``, ...). ``write``: the attempt's id, kept on its first event."""
     key = keys.meta_key(task_id)
     step, seq = _counters(head)
     events = _events(event)
@@ -286,6 +315,7 @@ def _logged(
             "type": logged.type,
             "at": at,
             "data": dict(logged.data),
+            **({"write": write} if write is not None and i == 1 else {}),
         }
         puts.append(Put(_event_name(event_name, i), item, absent()))
     return [*batch, *puts]

@@ -90,7 +90,8 @@ class MemoryTable:
         )
         self._items: dict[tuple[str, str], Item] = {}
         self._lock = threading.RLock()
-        self._tokens: dict[str, str] = {}  # token -> the transaction it was used for
+        # token -> a digest of the transaction it was used for (every logged write has one)
+        self._tokens: dict[str, str] = {}
 
     # ------------------------------------------------------------------ reads
 
@@ -197,8 +198,9 @@ class MemoryTable:
         if len({(k["pk"], k["sk"]) for k in keys}) != len(keys):
             raise ValueError("a transaction may not touch one item twice")
         with self._lock:
+            used = hashlib.sha256(repr(actions).encode()).hexdigest() if token is not None else ""
             if token is not None and token in self._tokens:
-                if self._tokens[token] != repr(actions):
+                if self._tokens[token] != used:
                     raise IdempotentParameterMismatch(f"token {token} was used for another transaction")
                 return  # a retry of a transaction that went through
             failed = frozenset(
@@ -224,7 +226,7 @@ class MemoryTable:
                 elif new is not None:
                     self._items[(key["pk"], key["sk"])] = new
             if token is not None:
-                self._tokens[token] = repr(actions)
+                self._tokens[token] = used
 
     def batch_delete(
         self, keys: Sequence[Key], *, attempts: int = 8, sleep: Callable[[float], None] = time.sleep

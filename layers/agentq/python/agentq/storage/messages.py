@@ -253,6 +253,8 @@ class Messages:
             except (TransactionCancelled, TransactionConflict):
                 # Another message took the number, the status moved, the key was used, the
                 # submission it raises was replaced, or a write to META raced this one: look again.
+                # (This attempt applied with its answer lost is no refusal: ``logged_transact``
+                # finds its own event, and the message is accepted once.)
                 time.sleep(random.uniform(0, ACCEPT_BACKOFF_SECONDS))
                 continue
             return Accepted(
