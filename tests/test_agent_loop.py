@@ -207,6 +207,9 @@ class _Unreachable:
 def test_a_fault_every_run_would_meet_fails_the_task_at_once_with_the_error(
     store: Storage, registry: ToolRegistry
 ) -> None:
+    """The fault is met in the call (a reply read as the wrong shape: it came, so it was
+    billed): the task fails at once, and the call's hold is counted as spent, its outcome
+    unknown (``BudgetHolds.give_up``). It used to be given back as unspent."""
     task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")
     result = engine(store, registry, providers=lambda s: _Broken()).run(task.task_id)
     assert (result.outcome, result.status) == ("finished", TaskStatus.FAILED)
@@ -216,7 +219,8 @@ def test_a_fault_every_run_would_meet_fails_the_task_at_once_with_the_error(
         "message": "KeyError: 'content'",
     }
     assert meta.lease_expires == 0 and meta.inflight is None
-    assert store.budgets.get(task.task_id).reserved == 0
+    budget = store.budgets.get(task.task_id)
+    assert budget.reserved == 0 and budget.used == budget.unknown > 0
 
 
 def test_a_script_that_cannot_be_loaded_fails_the_task_at_once(

@@ -434,15 +434,21 @@ class BudgetHolds:
         next claim to adopt with the batch and read again. Where that write fails too (the
         store still down), the hold stays on META: the next claim sets it aside and counts it as
         spent at its deadline (``take_over``). Never returned."""
-        held = s.task.inflight
-        batch = s.task.batch
         try:
-            if held is None or held.epoch != s.lease.epoch or held.step != s.sent_hold_step:
-                self.release_unsent(s)
-            elif batch is None or int(batch["step"]) != s.next_step:
-                self.spend(s)
+            self.give_up(s, keep_batch=True)
         finally:
             self.tasks.release(s.lease)
+
+    def give_up(self, s: Session, *, keep_batch: bool = False) -> None:
+        """The run stops on an error: the hold back if its call never went out
+        (``release_unsent``), else counted as spent, its outcome unknown (``spend``). With
+        ``keep_batch``, the hold of the batch the task waits on stays: the next claim adopts it
+        and reads the batch again (``leave``); a task ended on a fault has no next claim."""
+        held, batch = s.task.inflight, s.task.batch
+        if held is None or held.epoch != s.lease.epoch or held.step != s.sent_hold_step:
+            self.release_unsent(s)
+        elif not (keep_batch and batch is not None and int(batch["step"]) == s.next_step):
+            self.spend(s)
 
 
 def count_as_spent(

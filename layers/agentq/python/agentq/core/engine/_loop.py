@@ -369,11 +369,13 @@ class Engine:
 
     def _fail_on_fault(self, s: Session, exc: Exception) -> RunResult:
         """A fault that running the task again would meet again (``DETERMINISTIC_FAULTS``):
-        the task ends ``failed`` with it now, so its status says why and a parent wakes."""
+        the task ends ``failed`` with it now, so its status says why and a parent wakes. The
+        hold goes back only if its call never went out (``BudgetHolds.give_up``): a fault met
+        reading a reply came after the provider billed it."""
         log.exception("task %s failed: %s", s.task_id, type(exc).__name__)
         error = fault_error(exc)
         try:
-            self._holds.release(s)
+            self._holds.give_up(s)
             self.store.tasks.transition(
                 s.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error
             )
