@@ -14,7 +14,8 @@ connection reset at a chosen point of the reply (``FakeReply.cut_at``): before a
 stall, or after the 200's headers and part of its body (a streamed one: part of its events).
 A reply cut in the middle was generated, so a real provider bills it, but the client cannot
 know what it used: the server reports it to ``on_cut``, apart from the whole replies
-``on_delivered`` hears of.
+``on_delivered`` hears of. With ``bills_tool_prompt``, a request that offers tools is billed
+the hidden tool-use system prompt the API adds to it (``tool_prompt_tokens``), as input.
 """
 
 from __future__ import annotations
@@ -215,6 +216,41 @@ def wrong_shape(body: dict[str, Any] | list[Any] | None = None) -> FakeReply:
     return FakeReply(200, body if body is not None else {"status": "ok", "detail": "upstream busy"})
 
 
+# The system prompt the API adds, unseen, to every request that offers tools, billed as input
+# tokens (docs: "Tool use pricing and tokens", https://docs.anthropic.com/en/docs/tool-use-pricing-and-tokens):
+# per model family, for tool_choice auto (or none) and for any/tool. Claude 3.5 Sonnet, 3.7 and
+# the Claude 4 family: 346 and 313.
+TOOL_PROMPT_TOKENS = {
+    "claude-3-opus": (530, 281),
+    "claude-3-sonnet": (159, 235),
+    "claude-3-haiku": (264, 340),
+    "claude-3-5-haiku": (264, 340),
+}
+TOOL_PROMPT_TOKENS_LATER = (346, 313)
+
+
+def tool_prompt_tokens(body: Any, model: str | None = None) -> int:
+    """The hidden tool-use prompt's tokens the API bills for the request ``body`` to ``model``
+    (by default the body's: Bedrock's names it in the path): none without tools, else the
+    model's figure for the request's ``tool_choice``."""
+    if not (isinstance(body, dict) and body.get("tools")):
+        return 0
+    model = str(model or body.get("model") or "")
+    auto, forced = next((v for k, v in TOOL_PROMPT_TOKENS.items() if k in model), TOOL_PROMPT_TOKENS_LATER)
+    choice = (body.get("tool_choice") or {}).get("type", "auto")
+    return forced if choice in ("any", "tool") else auto
+
+
+def _with_tool_prompt(reply: FakeReply, request: Any, model: str | None) -> FakeReply:
+    """``reply`` billed as the API bills ``request``: its input counts the hidden tool prompt."""
+    hidden = tool_prompt_tokens(request, model)
+    if not (hidden and isinstance(reply.body, dict) and reply.body.get("type") == "message"):
+        return reply
+    usage = reply.body["usage"]
+    body = {**reply.body, "usage": {**usage, "input_tokens": int(usage.get("input_tokens") or 0) + hidden}}
+    return dataclasses.replace(reply, body=body)
+
+
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
@@ -237,10 +273,15 @@ class FakeMessagesAPI:
         on_delivered: Callable[[RecordedRequest, dict[str, Any]], None] | None = None,
         on_cut: Callable[[RecordedRequest, dict[str, Any]], None] | None = None,
         batch_seconds: float = 0.2,
+        bills_tool_prompt: bool = False,
     ) -> None:
         # Bill no more output than the request's max_tokens, as the real API; off by default so
         # a test can script any usage it wants the client to see.
         self.within_max_tokens = within_max_tokens
+        # Bill a request that offers tools the hidden tool-use system prompt, as the real API
+        # does (``tool_prompt_tokens``); off by default, since the tests' scripted usages are
+        # the exact figures they assert.
+        self.bills_tool_prompt = bills_tool_prompt
         # Answers a request when nothing is queued (a model that plays a plan, bench/chaos.py);
         # None from it resets the connection, as a dropped proxy would.
         self.responder = responder
@@ -425,6 +466,8 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 reply = dataclasses.replace(reply, body={**reply.body, "model": model})
             if api.within_max_tokens:
                 reply = _within_max_tokens(reply, body)
+            if api.bills_tool_prompt:
+                reply = _with_tool_prompt(reply, body, model)
             reply = native_compaction(reply, body)
             if reply.delay_seconds:
                 time.sleep(reply.delay_seconds)
@@ -503,6 +546,8 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 reply = api._take(recorded)
                 if reply is not None and reply is not RESET and api.within_max_tokens:
                     reply = _within_max_tokens(reply, params)
+                if reply is not None and reply is not RESET and api.bills_tool_prompt:
+                    reply = _with_tool_prompt(reply, params, params.get("model"))
                 if reply is not None and reply.status == 200 and isinstance(reply.body, dict):
                     message = {**reply.body, "model": reply.body.get("model") or params.get("model")}
                     results.append(
