@@ -29,11 +29,13 @@ from typing import Any
 
 from agentq.core.models import CompactStep, LLMStep, TaskStatus, Usage
 from agentq.core.pricing import load_price_table, micros
+from agentq.core.providers.hidden_input import TOOL_PROMPT_TOKENS
 from agentq.storage import keys
 from agentq.storage.budget_items import SPENT_PREFIX
 
-# The engine's input estimate (conversation.estimate_input_tokens) and the shortest answer it
-# still holds for (_holds.MIN_OUTPUT_TOKENS): a call that cannot get both ends the task.
+# The engine's input estimate (conversation.estimate_input_tokens: the JSON at 3 characters a
+# token, 16 more, and the hidden tool-use prompt of a request with tools) and the shortest
+# answer it still holds for (_holds.MIN_OUTPUT_TOKENS): a call that cannot get both ends the task.
 CHARS_PER_TOKEN = 3
 MIN_OUTPUT_TOKENS = 16
 
@@ -70,6 +72,8 @@ class ProviderLedger:
     def saw(self, tag: str, messages: list[dict[str, Any]], kind: str, body: Any) -> None:
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         est_in = math.ceil(len(json.dumps(body, separators=(",", ":"), default=str)) / CHARS_PER_TOKEN) + 16
+        if isinstance(body, dict) and (body.get("tools") or body.get("toolConfig")):  # Converse's
+            est_in += TOOL_PROMPT_TOKENS
         with self.lock:
             self.seen.append(Seen(time.time(), tag, turn, kind, est_in))
 

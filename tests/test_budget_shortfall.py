@@ -121,7 +121,7 @@ def test_a_refusal_no_call_met_names_no_shortfall(store: Storage, registry: Tool
     refused: the error names no figure, least of all the shrunk hold's."""
     store.caps.put("acme", "user", "alice", CapLimits(hourly_tokens=10**6, soft_hourly_tokens=100))
     body = {"goal": "spend", "provider": "scripted", "script": {"turns": _turns(2)}, "user": "alice",
-            "constraints": {"tools": ["lookup"], "max_output_tokens": 300, "max_tokens": 300}}  # fmt: skip
+            "constraints": {"tools": ["lookup"], "max_output_tokens": 300, "max_tokens": 900}}  # fmt: skip
     task = store.tasks.create(parse_submission(body), tenant="acme")
     engine = _engine(store, registry)
     assert engine.run(task.task_id).status is TaskStatus.PAUSED  # its first call's hold passes the threshold

@@ -568,14 +568,14 @@ def test_forking_a_finished_task_at_a_step_opens_the_fork_with_its_model(console
 
 
 def test_a_money_budget_is_a_second_gauge_and_is_raised_in_dollars_from_the_page(console: Console, tab: Page) -> None:
-    notes = "n" * 800  # ~200 output tokens a turn: a few turns cost more than two cents
+    notes = "n" * 800  # ~200 output tokens a turn: a few turns cost more than the cap
     turns = [{"text": f"turn {i} {notes}", "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(8)]
     task_id = console.submit(
         scripted(
             "spend in dollars",
             [*turns, {"text": "spent"}],
             constraints={"tools": ["lookup"], "max_steps": 20, "max_output_tokens": 500, "max_tokens": 2_000_000,
-                         "max_cost_usd": "0.02"},
+                         "max_cost_usd": "0.025"},
         )
     )  # fmt: skip
     stopped = console.until(task_id, lambda v: v["status"] == "cost_exceeded")
@@ -584,7 +584,7 @@ def test_a_money_budget_is_a_second_gauge_and_is_raised_in_dollars_from_the_page
     page.goto(f"{console.url}/console/#/tasks/{task_id}")
     page.wait_for_selector("#money-gauge")
     label = page.get_attribute("#money-gauge", "aria-label") or ""
-    assert " of $0.0200 dollars used (" in label, label
+    assert " of $0.0250 dollars used (" in label, label
     assert page.locator("#token-gauge").count() == 1
     page.wait_for_selector("#trace-h")
     shot(console, tab, "money-budget")
@@ -592,10 +592,10 @@ def test_a_money_budget_is_a_second_gauge_and_is_raised_in_dollars_from_the_page
     page.fill("#add-usd", "5")
     tab_to(tab, "raise-budget")
     page.keyboard.press("Enter")
-    page.wait_for_selector(".notice:has-text('$5.02')")
+    page.wait_for_selector(".notice:has-text('$5.03')")  # $5.025, to the cent
     page.wait_for_selector("h1 .badge.s-succeeded")
     view = console.until(task_id, lambda v: v["status"] == "succeeded")
-    assert view["budget"]["money"]["cap_usd"] == "5.020000" and view["step"] > stopped["step"]
+    assert view["budget"]["money"]["cap_usd"] == "5.025000" and view["step"] > stopped["step"]
     no_errors(tab)
 
 

@@ -328,7 +328,7 @@ def s_queued_refused(c: Case) -> None:
 
 def s_queued_over_tokens(c: Case) -> None:
     turns = [{"text": f"turn {i} {'n' * 800}", "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(10)]
-    c.task = _with_dependent(c, c.create(_sub(turns, tools=["lookup"], max_tokens=2_600, max_output_tokens=1_000)))
+    c.task = _with_dependent(c, c.create(_sub(turns, tools=["lookup"], max_tokens=3_200, max_output_tokens=1_000)))
 
 
 def s_leased_elsewhere(c: Case) -> None:

@@ -131,7 +131,7 @@ def test_three_turns_with_a_side_effect(h: Harness) -> None:
 
 def test_a_budget_shrink_then_cost_exceeded(h: Harness) -> None:
     turns = [{"text": f"turn {i} {NOTES}", "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(10)]
-    task = h.create(scripted(turns, tools=["lookup"], max_tokens=2_600, max_output_tokens=1_000))
+    task = h.create(scripted(turns, tools=["lookup"], max_tokens=3_200, max_output_tokens=1_000))
     result = h.run(task.task_id)
     assert result.status is TaskStatus.COST_EXCEEDED, result
     assert any("budgets.reserve" in line for line in h.recorder.lines)
@@ -142,7 +142,7 @@ def test_a_money_cap(h: Harness) -> None:
     turns = [{"text": f"turn {i} {NOTES}", "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(10)]
     task = h.create(
         scripted(
-            turns, tools=["lookup"], max_steps=100, max_output_tokens=500, max_tokens=2_000_000, max_cost_usd="0.012"
+            turns, tools=["lookup"], max_steps=100, max_output_tokens=500, max_tokens=2_000_000, max_cost_usd="0.015"
         )
     )
     result = h.run(task.task_id)

@@ -188,7 +188,7 @@ def test_a_child_past_its_deadline_becomes_timeout_and_a_child_over_budget_keeps
     }
     greedy = {
         "goal": "greedy",
-        "token_share": 1500,
+        "token_share": 2100,
         "script": {
             "turns": [
                 {"text": f"thinking {i} " + "z" * 600, "tool_calls": [call("note_write", key="k", value="v" * 800)]}

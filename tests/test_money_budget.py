@@ -39,26 +39,26 @@ def _long_task(cap: str, turns: int = 40) -> dict[str, object]:
 def test_a_money_cap_ends_the_task_before_a_call_could_take_it_past_the_cap(
     store: Storage, registry: ToolRegistry
 ) -> None:
-    submission = parse_submission(_long_task("0.02"))
-    assert submission.constraints.max_cost_usd == Decimal("0.02")
+    submission = parse_submission(_long_task("0.025"))
+    assert submission.constraints.max_cost_usd == Decimal("0.025")
     task = store.tasks.create(submission, tenant="t")
     result = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(task.task_id)
 
     assert result.status is TaskStatus.COST_EXCEEDED
     final = store.tasks.get(task.task_id)
     assert final.error is not None and final.error["code"] == "budget_exceeded"
-    assert "money budget" in final.error["message"] and "$0.02" in final.error["message"]
+    assert "money budget" in final.error["message"] and "$0.025" in final.error["message"]
     calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, CallStep)]
     assert len(calls) >= 3  # it ran until the money, not the tokens, ran out
     budget = store.budgets.get(task.task_id)
-    assert budget.cap_micros == 20_000 and budget.reserved_micros == 0
+    assert budget.cap_micros == 25_000 and budget.reserved_micros == 0
     assert budget.used_micros == sum(micros(c.cost_usd) for c in calls) <= budget.cap_micros
-    assert final.cost_usd == sum(c.cost_usd for c in calls) <= Decimal("0.02")
+    assert final.cost_usd == sum(c.cost_usd for c in calls) <= Decimal("0.025")
     assert budget.used < budget.cap  # tokens were left
 
     view = task_view(store, final)
     assert view.budget is not None and view.budget.money is not None
-    assert view.budget.money.cap_usd == "0.020000" and Decimal(view.budget.money.used_usd) <= Decimal("0.02")
+    assert view.budget.money.cap_usd == "0.025000" and Decimal(view.budget.money.used_usd) <= Decimal("0.025")
 
 
 def test_a_cap_a_call_fits_leaves_the_task_alone_and_the_ledger_holds_its_cost(
@@ -156,15 +156,15 @@ def test_raising_the_money_cap_resumes_a_task_that_ran_out_and_a_task_without_on
     from agentq.control.operations import raise_budget
 
     queues: Any = _Queues()
-    task = store.tasks.create(parse_submission(_long_task("0.02")), tenant="t")
+    task = store.tasks.create(parse_submission(_long_task("0.025")), tenant="t")
     engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
     assert engine.run(task.task_id).status is TaskStatus.COST_EXCEEDED
     steps_before = store.tasks.get(task.task_id).step
 
     raised = raise_budget(store, queues, task.task_id, add_tokens=0, add_usd=Decimal("5"))
-    assert raised.status is TaskStatus.QUEUED and raised.submission.constraints.max_cost_usd == Decimal("5.02")
+    assert raised.status is TaskStatus.QUEUED and raised.submission.constraints.max_cost_usd == Decimal("5.025")
     assert queues.sent == [task.task_id]
-    assert store.budgets.get(task.task_id).cap_micros == 5_020_000
+    assert store.budgets.get(task.task_id).cap_micros == 5_025_000
     resumed = engine.run(task.task_id)
     assert resumed.status is TaskStatus.SUCCEEDED and resumed.resumed_from_step == steps_before
     calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, CallStep)]

@@ -663,7 +663,7 @@ def test_a_task_resumed_after_its_budget_ran_out_sends_a_second_invoke_agent_spa
     with anthropic_server(monkeypatch) as server:
         server.enqueue(tool_use_reply("lookup", {"query": "q"}, usage=usage_dict(600, 20)))
         task = store.tasks.create(
-            submission(provider, constraints={"tools": ["lookup"], "max_tokens": 700}), tenant="t"
+            submission(provider, constraints={"tools": ["lookup"], "max_tokens": 1300}), tenant="t"
         )
         assert run(store, registry, task.task_id) is TaskStatus.COST_EXCEEDED
         error = store.tasks.get(task.task_id).error

@@ -15,11 +15,13 @@ from agentq.core.grading import feedback_message
 from agentq.core.models import CompactStep, Constraints, GradeStep, LLMStep, MessageStep, StepRecord, TaskSubmission
 from agentq.core.output import FINAL_ANSWER_TOOL, answer_of, feedback
 from agentq.core.providers import LLMRequest
+from agentq.core.providers.hidden_input import hidden_input_tokens
 from agentq.core.tools.memory import offered_memory_tools
 
 # Input estimate: 3 characters a token over the JSON of the request. Claude averages about
 # 3.5-4 on English and JSON, so this over-reserves slightly and the budget cap holds.
 ESTIMATE_CHARS_PER_TOKEN = 3
+ESTIMATE_BASE_TOKENS = 16
 
 
 def conversation(
@@ -122,8 +124,15 @@ def final_text(messages: list[dict[str, Any]]) -> str | None:
 
 
 def estimate_input_tokens(request: LLMRequest) -> int:
+    """The most input tokens ``request`` is taken to be billed: every budget hold is sized on it
+    (an agent's turn, a compaction, a grading call) and a hold's output allowance near the cap
+    is what is left past it, so an estimate short of the bill puts ``used`` past ``cap`` by the
+    difference when the model writes all of that allowance (ARCHITECTURE 4). It is the JSON of
+    the request at ``ESTIMATE_CHARS_PER_TOKEN``, and the input the provider adds unseen, the
+    tool-use system prompt of a request with tools (``providers.hidden_input``: 346 tokens for
+    Claude 4, which a request of 1,500 characters, estimated at 516, passed by 300 and more)."""
     text = json.dumps([request.system, request.messages, request.tools], separators=(",", ":"))
-    return math.ceil(len(text) / ESTIMATE_CHARS_PER_TOKEN) + 16
+    return math.ceil(len(text) / ESTIMATE_CHARS_PER_TOKEN) + ESTIMATE_BASE_TOKENS + hidden_input_tokens(request)
 
 
 def task_tools(submission: TaskSubmission) -> list[str]:
