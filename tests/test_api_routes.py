@@ -653,6 +653,26 @@ def test_unknown_routes_are_404_and_wrong_methods_405(api: Api) -> None:
     assert status == 405 and headers["Allow"] == "POST"
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "code"),
+    [
+        ("POST", "/task", {"goal": "x"}, 404, "route_not_found"),
+        ("POST", "/tasks/abc/message", {"text": "x"}, 404, "route_not_found"),
+        ("POST", "/no/such/route", {"goal": "x"}, 404, "route_not_found"),
+        ("PUT", "/tasks", {"goal": "x"}, 405, "method_not_allowed"),
+        ("POST", "/health", {"goal": "x"}, 405, "method_not_allowed"),
+    ],
+)
+def test_a_body_sent_to_a_route_that_does_not_exist_or_another_method_is_404_or_405_not_blamed_on_its_field(
+    api: Api, method: str, path: str, body: dict[str, str], status: int, code: str
+) -> None:
+    """A typo'd path or method with a JSON body: the check of a body a route does not take ran on
+    powertools' catch-all not-found route before the 404/405 was said, so the answer was 422
+    "goal: unknown field (this route takes no body)", blaming the body's field for a wrong URL."""
+    answered, data, _ = api.call(method, path, body)
+    assert (answered, error(data)["code"]) == (status, code), data
+
+
 def test_the_lambda_decodes_each_path_parameter_after_routing_on_the_path_as_api_gateway_sends_it(api: Api) -> None:
     """API Gateway's REST proxy event keeps ``path`` percent-encoded: routing splits it as sent
     (``%2F`` stays in its segment) and each parameter is decoded after, as the local server does."""

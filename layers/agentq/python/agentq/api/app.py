@@ -264,7 +264,12 @@ class AgentqResolver(APIGatewayRestResolver):
         return register
 
     def _call_route(self, route: Route, route_arguments: dict[str, str]) -> Any:
-        refused = route_input.refusal(route, self.current_event.raw_event)
+        # Only a route the app registered: powertools calls its own catch-all route (a fresh
+        # Route matching every path, which takes no body) to answer a path or method no route
+        # serves, and checking the body there answered `POST /task {"goal": ...}` with 422
+        # "goal: unknown field" instead of missing_route()'s 404/405.
+        registered = any(route is r for r in self._static_routes) or any(route is r for r in self._dynamic_routes)
+        refused = route_input.refusal(route, self.current_event.raw_event) if registered else None
         if refused is not None:  # a query parameter or a body the route does not take
             return self._response_builder_class(
                 response=error_response(*refused), serializer=self._serializer, route=route
