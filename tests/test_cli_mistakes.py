@@ -14,7 +14,7 @@ import pytest
 from agentq.core.providers.scripted import load_script
 
 from tests import test_cli
-from tests.api_support import ROOT
+from tests.api_support import ROOT, ApiStack
 from tests.helpers import agentq_process
 from tests.test_cli import Ran
 
@@ -34,6 +34,21 @@ def test_a_url_without_its_scheme_is_named_as_such(cli: Callable[..., Ran]) -> N
     ran = cli("list", "--url", "127.0.0.1:35829")
     assert ran.returncode == 2
     assert "the API's URL must start with http:// or https:// (got '127.0.0.1:35829')" in ran.stderr
+
+
+@pytest.mark.parametrize("where", ["/console/", "/console", "/console/explorer"])
+def test_an_agentq_url_that_is_the_consoles_is_said_to_be_the_console_not_blamed_on_the_goal(
+    api_stack: ApiStack, cli: Callable[..., Ran], where: str
+) -> None:
+    """`agentq dev` prints the console's URL beside the API's; AGENTQ_URL set to the console's
+    made `submit` say "goal: unknown field (this route takes no body) (goal)" and `list` say
+    "no console asset 'tasks'": neither named the URL, nor the API's URL to set instead."""
+    env = api_stack.cli_env(AGENTQ_URL=api_stack.url + where)
+    for args in (("submit", "x", "--script", "first_task"), ("list",)):
+        ran = cli(*args, env=env)
+        assert ran.returncode == 2, ran.stderr
+        assert ran.stderr.rstrip().endswith("(url)") and "the console's" in ran.stderr, ran.stderr
+        assert f"the API's is {api_stack.url}" in ran.stderr, ran.stderr
 
 
 def test_a_script_file_that_is_not_there_is_said_to_be_missing_not_an_unknown_built_in(

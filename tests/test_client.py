@@ -178,6 +178,8 @@ def test_a_client_needs_a_url(monkeypatch: pytest.MonkeyPatch) -> None:
      ("http://x:port", "aq_x", "url", "not a URL: Port could not be cast"),
      ("https://", "aq_x", "url", "names no host"),
      ("http://127.0.0.1:9/p\u00e4th", "aq_x", "url", "outside ASCII in its path"),
+     ("http://127.0.0.1:9/prod/console/", "aq_x", "url", "the console's URL, the web page the API serves under "
+      "/console: the API's is http://127.0.0.1:9/prod"),
      ("http://127.0.0.1:9", "aq_abc\n", "api_key", "a line end pasted with it?"),
      ("http://127.0.0.1:9", "aq abc", "api_key", "a space"),
      ("http://127.0.0.1:9", "\u043a\u043b\u044e\u0447", "api_key", "outside printable ASCII")],

@@ -227,6 +227,15 @@ def _checked_url(url: str) -> str:
     if not (parts.path + parts.query).isascii():
         raise ValidationError(f"the API's URL {url!r} holds a character outside ASCII in its path: %-encode it",
                               field="url")  # fmt: skip
+    segments = parts.path.split("/")
+    if "console" in segments:
+        # `agentq dev` prints the console's URL beside the API's; taken for the API's, every
+        # call reached a console route, which answered for the body or the asset it was sent
+        # ("goal: unknown field", "no console asset 'tasks'") instead of for the URL.
+        base = "/".join(segments[: segments.index("console")])
+        api = urllib.parse.urlunsplit((parts.scheme, parts.netloc, base, "", ""))
+        raise ValidationError(f"{url!r} is the console's URL, the web page the API serves under /console: "
+                              f"the API's is {api}", field="url")  # fmt: skip
     return url
 
 
