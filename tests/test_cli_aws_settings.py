@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +107,41 @@ def test_an_error_that_is_neither_missing_settings_nor_aws_unreachable_nor_its_a
     # AWS answering about the settings the command ran with is said in a line
     assert aws_failure(answer("AccessDeniedException")) == ("AWS refused UpdateItem: AccessDeniedException: m", 1)
     assert aws_failure(answer("ExpiredTokenException")) is not None
+
+
+@pytest.mark.parametrize(
+    ("config", "exported"),
+    [("[default]\nregion = eu-west-1\n", {}),
+     ("[default]\nregion = us-west-2\n[profile ops]\nregion = eu-west-1\n", {"AWS_PROFILE": "ops"})],
+)  # fmt: skip
+def test_the_cli_takes_the_region_of_the_aws_profile_when_no_variable_names_one(
+    moto_server: MotoServer, tmp_path: Path, config: str, exported: dict[str, str]
+) -> None:
+    """An operator's `aws configure` region (~/.aws/config, or AWS_PROFILE's) is what boto3 and
+    the aws CLI use; agentq fell back to us-east-1 instead, so `agentq keys`, `dlq`, `purge` and
+    `tenants` acted on another region than the deployment's (here: its table not found)."""
+    import boto3
+
+    from agentq.resources import table_definition
+
+    table = f"t{uuid.uuid4().hex[:10]}-tasks"
+    ddb = boto3.client("dynamodb", region_name="eu-west-1", endpoint_url=moto_server.endpoint_url,
+                       aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+    ddb.create_table(**table_definition(table))
+    (tmp_path / "config").write_text(config)
+    local = {k: v for k, v in LOCAL_CREDENTIALS.items() if k != "AWS_DEFAULT_REGION"}
+    env = _shell(**local, AWS_ENDPOINT_URL=moto_server.endpoint_url, AGENTQ_TABLE=table,
+                 AWS_CONFIG_FILE=str(tmp_path / "config"), **exported)  # fmt: skip
+    ran = _agentq("keys", "list", "--tenant", "acme", env=env)
+    assert ran.returncode == 0, ran.stderr
+
+
+def test_a_profile_that_is_not_in_the_aws_config_is_named_with_exit_2(tmp_path: Path) -> None:
+    """The region now comes from the profile when no variable names one: a profile not there is
+    said as a missing setting, as botocore says it when it looks for credentials."""
+    (tmp_path / "config").write_text("[default]\nregion = eu-west-1\n")
+    env = _shell(**LOCAL_CREDENTIALS, AWS_CONFIG_FILE=str(tmp_path / "config"), AWS_PROFILE="nope")
+    env.pop("AWS_DEFAULT_REGION")
+    ran = _agentq("keys", "list", "--tenant", "acme", env=env)
+    assert ran.returncode == 2, ran.stderr
+    assert "Traceback" not in ran.stderr and "The config profile (nope) could not be found" in ran.stderr

@@ -20,7 +20,19 @@ def boto_config(pool: int = 64) -> Config:
 
 
 def region_from_env() -> str:
-    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    """AWS_REGION, else AWS_DEFAULT_REGION, else the region of the AWS config file's profile
+    (AWS_PROFILE's, or [default]: what `aws configure` wrote, and what boto3 and the aws CLI
+    use), else us-east-1. A Lambda, a worker and the local stack always have AWS_REGION set, so
+    the config file is read (~15 ms, a botocore session) only by a command in an operator's
+    shell, which would otherwise act on another region than the deployment's. A profile that
+    is not in the file raises botocore's ProfileNotFound, as its credential lookup would."""
+    named = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if named:
+        return named
+    import botocore.session
+
+    configured = botocore.session.get_session().get_config_variable("region")
+    return str(configured) if configured else "us-east-1"
 
 
 def botocore_client(service: str, *, region: str | None = None, endpoint_url: str | None = None, pool: int = 64) -> Any:
