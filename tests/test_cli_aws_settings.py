@@ -63,7 +63,36 @@ def test_an_error_answer_of_aws_is_said_with_its_code_and_message_and_exits_1(mo
     ran = _agentq("keys", "list", "--tenant", "acme", env=env)
     assert ran.returncode == 1, ran.stderr
     assert "Traceback" not in ran.stderr
-    assert "agentq keys: AWS refused Query: ResourceNotFoundException: " in ran.stderr
+    assert "agentq keys: AWS refused Query: ResourceNotFoundException: Requested resource not found: " in ran.stderr
+    assert "the table 'no-such-table' (AGENTQ_TABLE) is not in region us-east-1" in ran.stderr
+
+
+@pytest.mark.parametrize(
+    ("exported", "says"),
+    [({"AGENTQ_PREFIX": "agentq-prod", "AGENTQ_TABLE": "agentq-prod-tasks"},
+      "the table 'agentq-prod-tasks' (AGENTQ_TABLE) is not in region eu-west-1"),
+     ({"AGENTQ_PREFIX": "agentq-prod"}, "the table 'agentq-prod-tasks' (AGENTQ_PREFIX) is not in region eu-west-1"),
+     ({}, "the table 'agentq-tasks' (AGENTQ_PREFIX unset: agentq) is not in region eu-west-1")],
+)  # fmt: skip
+def test_a_table_that_is_not_there_is_named_with_its_variable_and_region(
+    moto_server: MotoServer, exported: dict[str, str], says: str
+) -> None:
+    """DEPLOY.md's first-key command with a prefix or region that does not match the deployment:
+    AWS's own words ("Requested resource not found") say neither which table nor which region."""
+    env = _shell(**LOCAL_CREDENTIALS, AWS_ENDPOINT_URL=moto_server.endpoint_url, AWS_REGION="eu-west-1", **exported)
+    ran = _agentq("keys", "create", "--tenant", "acme", env=env)
+    assert ran.returncode == 1, ran.stderr
+    assert "Traceback" not in ran.stderr and says in ran.stderr, ran.stderr
+
+
+def test_a_queue_that_is_not_there_is_named_with_its_variable_and_region(moto_server: MotoServer) -> None:
+    """`agentq dlq list` against a prefix with no queues said only AWS's NonExistentQueue."""
+    env = _shell(**LOCAL_CREDENTIALS, AWS_ENDPOINT_URL=moto_server.endpoint_url, AWS_REGION="eu-west-1",
+                 AGENTQ_PREFIX="agentq-prod")  # fmt: skip
+    ran = _agentq("dlq", "list", env=env)
+    assert ran.returncode == 1, ran.stderr
+    assert "Traceback" not in ran.stderr
+    assert "the queue 'agentq-prod-high-dlq' (AGENTQ_PREFIX) is not in region eu-west-1" in ran.stderr, ran.stderr
 
 
 @pytest.mark.parametrize(

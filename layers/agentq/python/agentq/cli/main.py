@@ -123,8 +123,42 @@ def aws_failure(exc: Exception) -> tuple[str, int] | None:
         return f"cannot reach AWS ({exc}); {hint}", 1
     if isinstance(exc, aws.ClientError) and _settings_answer(exc):
         error = exc.response.get("Error", {})
-        return f"AWS refused {exc.operation_name}: {error.get('Code', '?')}: {error.get('Message', '')}".rstrip(), 1
+        said = f"AWS refused {exc.operation_name}: {error.get('Code', '?')}: {error.get('Message', '')}".rstrip()
+        missing = _missing_resource(exc)
+        return (f"{said.rstrip('.')}: {missing}" if missing else said), 1
     return None
+
+
+# DynamoDB's operations: their ResourceNotFoundException is the table's (KMS, Secrets Manager and
+# others answer with the same code about resources of their own).
+TABLE_OPERATIONS = frozenset({
+    "GetItem", "PutItem", "UpdateItem", "DeleteItem", "Query", "Scan", "BatchGetItem", "BatchWriteItem",
+    "TransactGetItems", "TransactWriteItems", "DescribeTable",
+})  # fmt: skip
+
+
+def _missing_resource(exc: Any) -> str | None:
+    """Which table or queue AWS did not find, the variable that named it and the region: AWS's
+    own words ("Requested resource not found", "The specified queue does not exist") name
+    neither, and a prefix, table or region that is not the deployment's is the usual cause."""
+    from agentq.aws import region_from_env
+    from agentq.queueing.queues import MISSING_QUEUE_CODES, MISSING_QUEUE_NOTE, POOL_VARIABLE
+    from agentq.resources import ResourceNames
+
+    code = exc.response.get("Error", {}).get("Code")
+    prefix = os.environ.get("AGENTQ_PREFIX")
+    by_prefix = "AGENTQ_PREFIX" if prefix else "AGENTQ_PREFIX unset: agentq"
+    names = ResourceNames.for_prefix(prefix or "agentq")
+    if code == "ResourceNotFoundException" and exc.operation_name in TABLE_OPERATIONS:
+        table = os.environ.get("AGENTQ_TABLE")
+        kind, name, variable = "table", table or names.table, "AGENTQ_TABLE" if table else by_prefix
+    elif code in MISSING_QUEUE_CODES:
+        noted = (n.removeprefix(MISSING_QUEUE_NOTE) for n in getattr(exc, "__notes__", ()) if MISSING_QUEUE_NOTE in n)
+        pool = f", {POOL_VARIABLE}" if os.environ.get(POOL_VARIABLE) else ""
+        kind, name, variable = "queue", next(noted, names.queue("*")), by_prefix + pool
+    else:
+        return None
+    return f"the {kind} {name!r} ({variable}) is not in region {region_from_env()}"
 
 
 # AWS's answers about the settings a command ran with (whose credentials, which account's

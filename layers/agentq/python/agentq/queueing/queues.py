@@ -98,6 +98,13 @@ def pooled(tier: str, pool: str | None) -> str:
     return f"{pool}-{tier}" if pool else tier
 
 
+# SQS's codes for a queue that is not there (the JSON protocol's, the query protocol's), and the
+# note _lookup adds to that error naming the queue, which AWS's message does not: `agentq`'s CLI
+# says it (cli.main.aws_failure), a worker's traceback shows it.
+MISSING_QUEUE_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
+MISSING_QUEUE_NOTE = "the queue not there: "
+
+
 @dataclass
 class TaskQueues:
     """Queue URLs by tier, resolved once, and the few operations agentq performs on them."""
@@ -113,15 +120,24 @@ class TaskQueues:
         """The URL of ``tier``'s queue in ``pool`` (by default this process's own)."""
         name = pooled(tier, self.pool if pool == _OWN else pool)
         if name not in self._urls:
-            self._urls[name] = self.sqs.get_queue_url(QueueName=self.names.queue(name))["QueueUrl"]
+            self._urls[name] = self._lookup(self.names.queue(name))
         return self._urls[name]
 
     def dlq_url(self, tier: str) -> str:
         name = pooled(tier, self.pool)
         key = f"{name}-dlq"
         if key not in self._urls:
-            self._urls[key] = self.sqs.get_queue_url(QueueName=self.names.dlq(name))["QueueUrl"]
+            self._urls[key] = self._lookup(self.names.dlq(name))
         return self._urls[key]
+
+    def _lookup(self, queue: str) -> str:
+        """``queue``'s URL; a queue that is not there keeps AWS's error, noted with its name."""
+        try:
+            return str(self.sqs.get_queue_url(QueueName=queue)["QueueUrl"])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in MISSING_QUEUE_CODES:
+                exc.add_note(MISSING_QUEUE_NOTE + queue)
+            raise
 
     def pool_for(self, submission: TaskSubmission) -> str | None:
         """The pool a task of ``submission`` runs in: the workspace pool when it has a workspace
@@ -138,12 +154,12 @@ class TaskQueues:
 
     def webhooks_url(self) -> str:
         if "webhooks" not in self._urls:
-            self._urls["webhooks"] = self.sqs.get_queue_url(QueueName=self.names.webhooks)["QueueUrl"]
+            self._urls["webhooks"] = self._lookup(self.names.webhooks)
         return self._urls["webhooks"]
 
     def webhooks_dlq_url(self) -> str:
         if "webhooks-dlq" not in self._urls:
-            self._urls["webhooks-dlq"] = self.sqs.get_queue_url(QueueName=self.names.webhooks_dlq)["QueueUrl"]
+            self._urls["webhooks-dlq"] = self._lookup(self.names.webhooks_dlq)
         return self._urls["webhooks-dlq"]
 
     def send_webhook(self, body: str) -> None:
