@@ -47,6 +47,36 @@ def test_the_flags_reach_the_task_and_its_answer_validates_against_the_schema(
     assert constraints.max_cost_usd == Decimal("2.5") and constraints.context_threshold == 0.5
 
 
+FANOUT = {
+    "turns": [
+        {"text": "splitting", "tool_calls": [call("spawn_subagents", subagents=[
+            {"goal": "research A", "tools": ["note_write"],
+             "script": {"turns": [{"tool_calls": [call("note_write", key="a", value="A")]}, {"text": "A"}]}},
+            {"goal": "research B", "script": "first_task"},  # a built-in: note_write, then note_read
+        ])]},
+        {"text": "done"},
+    ]
+}  # fmt: skip
+
+
+def test_a_script_that_spawns_sub_agents_with_tools_is_allowed_those_tools_when_no_tools_flag_is_given() -> None:
+    """docs/SCRIPTED_PROVIDER.md: a sub-agent's tools are a subset of the parent's, and a script
+    that calls spawn_subagents may go without --tools. The CLI allowed only the tools of the
+    parent's own turns (`spawn_subagents`), so every sub-agent given a tool was refused by the
+    spawn and the parent ended `succeeded` with no sub-agent run."""
+    body = build_submission(build_parser().parse_args(["submit", "compare", "--script", json.dumps(FANOUT)]))
+    # the parent's own call, the tools named for sub-agent A, and those its and B's built-in script call
+    assert body["constraints"]["tools"] == ["spawn_subagents", "note_write", "note_read"]
+
+
+def test_a_fan_out_script_submitted_without_tools_runs_its_sub_agents(cli: Callable[..., Ran]) -> None:
+    done = cli("submit", "compare", "--script", json.dumps(FANOUT), "--wait", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "allowing the tools the script calls: spawn_subagents, note_write, note_read" in done.stderr
+    view = json.loads(done.stdout)
+    assert view["status"] == "succeeded" and view["children"]["by_status"] == {"succeeded": 2}, view["children"]
+
+
 def test_economy_is_sent_as_the_constraint_the_api_checks(cli: Callable[..., Ran]) -> None:
     # The scripted provider has no batch API: the API's refusal names the constraint the flag set.
     refused = cli("submit", "cheaply", "--script", "research", "--economy")

@@ -166,9 +166,23 @@ def load_output_schema(value: str) -> dict[str, Any]:
 def tools_called(script: Any) -> list[str]:
     """The tools a script calls, in order, each once: what a scripted task given no allowlist
     is allowed, since a script calling a tool it may not run can only fail that call. A
+    ``spawn_subagents`` call adds each sub-agent's ``tools`` and the tools its script calls
+    (inline or a built-in's, and so on down): a sub-agent's tools are a subset of its parent's,
+    so a parent allowed only its own turns' tools had every sub-agent given a tool refused. A
     built-in's name is read from this installation's copy (an unknown name: the API says so).
     ``final_answer`` is left out: a task with an output schema is offered it anyway."""
     from agentq.core.output import FINAL_ANSWER_TOOL
+
+    names = _script_tools(script, depth=0)
+    return [n for n in dict.fromkeys(names) if isinstance(n, str) and n and n != FINAL_ANSWER_TOOL]
+
+
+_SPAWN_DEPTH = 8  # sub-agents of sub-agents read this deep (a built-in spawning itself stops here)
+
+
+def _script_tools(script: Any, depth: int) -> list[Any]:
+    """The names of the tools ``script`` calls, a sub-agent's among them, unchecked, in order."""
+    from agentq.core.fanout import SPAWN_TOOL
     from agentq.core.providers.scripted import builtin_script_names
     from agentq.core.providers.scripted import load_script as load_builtin
 
@@ -176,14 +190,21 @@ def tools_called(script: Any) -> list[str]:
         script = load_builtin(script).model_dump()
     if not isinstance(script, dict) or not isinstance(script.get("turns"), list):
         return []
-    names = [
-        call.get("name")
-        for turn in script["turns"]
-        if isinstance(turn, dict)
-        for call in turn.get("tool_calls") or []
-        if isinstance(call, dict)
-    ]
-    return [n for n in dict.fromkeys(names) if isinstance(n, str) and n and n != FINAL_ANSWER_TOOL]
+    names: list[Any] = []
+    for turn in script["turns"]:
+        for call in (turn.get("tool_calls") or []) if isinstance(turn, dict) else []:
+            if not isinstance(call, dict):
+                continue
+            names.append(call.get("name"))
+            given = call.get("input")
+            spawned = given.get("subagents") if isinstance(given, dict) else None
+            if call.get("name") != SPAWN_TOOL or not isinstance(spawned, list) or depth >= _SPAWN_DEPTH:
+                continue
+            for child in spawned:
+                tools = child.get("tools") if isinstance(child, dict) else None
+                names.extend(tools if isinstance(tools, list) else [])
+                names.extend(_script_tools(child.get("script"), depth + 1) if isinstance(child, dict) else [])
+    return names
 
 
 def build_submission(args: argparse.Namespace, upload: Callable[[bytes], str] | None = None) -> dict[str, Any]:
