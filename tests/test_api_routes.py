@@ -246,6 +246,23 @@ def test_each_bad_submission_gets_its_status_and_code_and_writes_nothing(
     assert api.items() == before
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [("/tasks", {**SUB, "user": "bad user"},
+      "user: 1-128 characters: a letter or digit, then letters, digits or . _ - @ + : |, not 'bad user'"),
+     ("/stops", {"user": "bad user"},
+      "user: 1-128 characters: a letter or digit, then letters, digits or . _ - @ + : |, not 'bad user'"),
+     ("/stops", {"key": "k-1"}, "key: an API key's id (key_ and 16 hex digits, as agentq keys list shows it), not 'k-1'")],
+)  # fmt: skip
+def test_a_name_that_breaks_its_pattern_is_told_what_it_may_hold_not_the_regex(
+    api: Api, path: str, body: dict[str, Any], says: str
+) -> None:
+    """`agentq stop --user "bad user"` answered "String should match pattern
+    '^[A-Za-z0-9][A-Za-z0-9._@+:|-]{0,127}$'": a regex to decode, where the rule has words."""
+    status, data, _ = api.call("POST", path, body)
+    assert (status, error(data)["message"]) == (422, says), data
+
+
 def test_a_missing_field_says_it_is_required(api: Api) -> None:
     status, data, _ = api.call("POST", "/tasks", {"provider": "scripted", "script": SCRIPT})
     assert status == 422 and error(data) == {"code": "validation_error", "message": "goal is required", "field": "goal"}

@@ -119,8 +119,16 @@ def test_agentq_stop_or_resume_naming_no_single_valid_scope_exits_2_naming_it_an
         (("stop", "--reason", "why"), one_scope),
         (("resume",), one_scope),
         (("resume", "--key", "key_0123456789abcdef", "--tenant", tenant), one_scope),
-        (("stop", "--user", "a b"), "(user)"),  # not a name of its kind: the server's 422
-        (("stop", "--agent", "Shop!"), "(agent)"),
+        # not a name of its kind: the server's 422, saying what one may hold (not its regex)
+        (
+            ("stop", "--user", "bad user"),
+            "agentq: user: 1-128 characters: a letter or digit, then letters, digits "
+            "or . _ - @ + : |, not 'bad user' (user)",
+        ),
+        (
+            ("stop", "--agent", "Shop!"),
+            "agentq: agent: an agent's name: 1-64 lowercase letters, digits, '-' and '_', not 'Shop!' (agent)",
+        ),
         (("stop", "--tenant", other), "(tenant)"),  # another tenant: 403
     ]
     for args, message in cases:

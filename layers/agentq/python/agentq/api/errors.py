@@ -53,7 +53,7 @@ from agentq.core.errors import (
     ValidationError,
 )
 from agentq.core.memory import MemoryConflict, MemoryDocumentNotFound, MemoryLimitExceeded, MemoryStoreNotFound
-from agentq.core.stops import ScopeNotYours, ScopeStopped, StopNotFound
+from agentq.core.stops import SCOPE_RULES, VALUE_PATTERNS, ScopeNotYours, ScopeStopped, StopNotFound
 from agentq.core.vault import VaultUnavailable
 from agentq.storage.agent_aliases import AliasNotFound
 from agentq.storage.agents import AgentConflict, AgentNotFound
@@ -160,11 +160,19 @@ def describe_validation_error(error: Mapping[str, Any]) -> tuple[str, str | None
         return f"{name}: unknown field", field
     if kind == "model_attributes_type" and field == "body":
         return "the body must be a JSON object", field
+    pattern = (error.get("ctx") or {}).get("pattern") if kind == "string_pattern_mismatch" else None
+    rule = PATTERN_RULES.get(str(pattern))
+    if rule is not None:  # a user, agent, key or tenant name: its rule in words, not the regex
+        return f"{name}: {rule}, not {error.get('input')!r}", field
     bound = _QUERY_BOUNDS.get(kind) if loc and loc[0] == "query" else None
     if bound is not None:  # ?limit=1000: say the bound, in the caller's terms
         return f"{name}: {bound.format(**(error.get('ctx') or {}))}, not {error.get('input')}", field
     return f"{name}: {message}", field
 
+
+# A pattern whose rule has words (the same pattern, the same concept, wherever it is a field's):
+# said instead of pydantic's "String should match pattern '^[A-Za-z0-9][A-Za-z0-9._@+:|-]{0,127}$'".
+PATTERN_RULES = {VALUE_PATTERNS[kind]: rule for kind, rule in SCOPE_RULES.items()}
 
 # A query parameter out of its range: pydantic's words ("Input should be less than or equal
 # to 100") replaced by the bound itself.

@@ -28,7 +28,9 @@ _AGENT = r"^[a-z0-9][a-z0-9_-]{0,63}$"  # core.agents.NAME_PATTERN
 _KEY = r"^key_[0-9a-f]{16}$"  # storage.api_keys.KEY_ID_PATTERN
 _TENANT = r"^[A-Za-z0-9._-]{1,64}$"  # storage.api_keys.TENANT_PATTERN
 VALUE_PATTERNS: dict[str, str] = {"tenant": _TENANT, "user": USER_PATTERN, "agent": _AGENT, "key": _KEY}
-_RULES = {
+# Each kind's value in words: what a refusal says (``scope`` here; the API's 422 for a field of
+# that pattern, api.errors.PATTERN_RULES), where the pattern would be a regex to decode.
+SCOPE_RULES = {
     "tenant": "1-64 letters, digits, '.', '_' or '-'",
     "user": USER_RULE,
     "agent": "an agent's name: 1-64 lowercase letters, digits, '-' and '_'",
@@ -88,7 +90,7 @@ def parse_scope(fields: dict[str, str | None]) -> StopScope:
     if not value:
         raise ValidationError(f"{kind}: must not be empty", field=kind)
     if re.fullmatch(VALUE_PATTERNS[kind][1:-1], value) is None:
-        raise ValidationError(f"{kind}: {_RULES[kind]}", field=kind)
+        raise ValidationError(f"{kind}: {SCOPE_RULES[kind]}", field=kind)
     return StopScope(kind, value)
 
 
