@@ -619,6 +619,22 @@ def test_fork_answers_202_with_the_new_task_and_bad_forks_are_named(api: Api) ->
     assert fork_trace[0]["event"] == "forked" and fork_trace[0]["detail"]["forked_from"]["task_id"] == source
 
 
+def test_a_task_view_says_the_last_step_a_fork_copies_up_to_and_a_fork_there_is_accepted(api: Api) -> None:
+    """fork_at_step: the task's step, or the one before when that is the model's turn asking for
+    tool calls (a paused task's held call), which a fork refuses; null for a sub-agent."""
+    assert api.call("GET", f"/tasks/{api.submit()}")[1]["fork_at_step"] == 0  # nothing committed yet
+    paused = api.submit({**SUB, "script": APPROVAL_SCRIPT, "constraints": {"tools": ["request_approval"]}})
+    api.run(paused)
+    view = api.call("GET", f"/tasks/{paused}")[1]
+    assert (view["status"], view["step"], view["fork_at_step"]) == ("paused", 1, 0), view
+    assert api.call("POST", f"/tasks/{paused}/fork", {"at_step": view["step"]})[0] == 422
+    assert api.call("POST", f"/tasks/{paused}/fork", {"at_step": view["fork_at_step"]})[0] == 202
+    done = api.submit({**SUB, "script": TOOLS_SCRIPT, "constraints": {"tools": ["lookup"]}})
+    api.run(done)
+    view = api.call("GET", f"/tasks/{done}")[1]
+    assert (view["status"], view["step"], view["fork_at_step"]) == ("succeeded", 5, 5), view
+
+
 # ------------------------------------------------------------- isolation
 
 

@@ -28,8 +28,10 @@ from agentq.core.models import (
     LLMStep,
     ModelChoice,
     RetryState,
+    StepRecord,
     Task,
     TaskStatus,
+    asks_for_calls,
 )
 from agentq.core.pricing import NO_MONEY_CAP, usd_text
 from agentq.core.workspace import has_workspace
@@ -60,11 +62,17 @@ def children_summary(store: Storage, task: Task) -> ChildrenSummary:
 
 
 def activity(
-    store: Storage, task: Task, children: ChildrenSummary, question: str | None, approver: str | None = None
+    store: Storage,
+    task: Task,
+    children: ChildrenSummary,
+    question: str | None,
+    approver: str | None = None,
+    last: StepRecord | None = None,
 ) -> str | None:
     """What the task is doing now, in words a person watching it wants: a task of an end user
     waiting on an ask only its tenant decides says so, so a user's app shows "waiting for the
-    operator" rather than a button its token cannot press."""
+    operator" rather than a button its token cannot press. ``last``: its last committed step
+    (read by ``task_view`` for a running task)."""
     status = task.status
     if status is TaskStatus.BLOCKED:
         deps = store.tasks.get_many(task.submission.depends_on)
@@ -99,7 +107,6 @@ def activity(
         who = "the model call" if retry.scope == "call" else "the task"
         return f"retrying {who}: attempt {retry.attempt} of {retry.max_attempts} failed ({retry.code}: {retry.message})"
     if status is TaskStatus.RUNNING:
-        last = store.steps.last(task.task_id, upto=task.step)
         who = f" on {task.lease_owner}" if task.lease_owner else ""
         if last is not None and isinstance(last.body, LLMStep) and last.body.tool_uses():
             names = ", ".join(u["name"] for u in last.body.tool_uses())
@@ -153,13 +160,18 @@ def task_view(store: Storage, task: Task) -> TaskView:
     except TaskNotFound:
         budget = None
     children = children_summary(store, task)
+    # The last committed step: what a running task does, a paused one's held calls, and where a
+    # root may be forked. One Query (and the step's S3 object when it was offloaded), made for a
+    # root task, which is forkable, and for a running or paused one, which read it before.
+    reads_last = task.parent_id is None or task.status in (TaskStatus.RUNNING, TaskStatus.PAUSED)
+    last = store.steps.last(task.task_id, upto=task.step) if reads_last and task.step else None
     question = approver = pending_id = None
     pending_calls: list[PendingCall] = []
     if task.status is TaskStatus.PAUSED:
         pending = store.approvals.pending(task.task_id)
         if pending is not None:
             question, approver, pending_id = pending.question, pending.approver, pending.use_id
-        pending_calls = _pending_calls(store, task)
+        pending_calls = _pending_calls(last)
     end = task.finished_at
     sub = task.submission
     return TaskView(
@@ -188,7 +200,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         result=task.result,
         error=task.error,
         grade=grade_view(task.grade),
-        activity=activity(store, task, children, question, approver),
+        activity=activity(store, task, children, question, approver, last),
         retry=retry_view(task.retrying),
         lapsed_holds=[
             LapsedHoldView(tokens=hold.amount, usd=usd_text(hold.micros), step=hold.step, epoch=epoch, until=hold.until)
@@ -202,6 +214,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         root_id=task.root_id,
         depth=task.depth,
         forked_from=task.forked_from,
+        fork_at_step=None if task.parent_id is not None else fork_at_step(task, last),
         depends_on=task.submission.depends_on,
         has_workspace=has_workspace(sub.workspace, sub.constraints.tools),
         children=children,
@@ -221,9 +234,16 @@ def task_view(store: Storage, task: Task) -> TaskView:
     )
 
 
-def _pending_calls(store: Storage, task: Task) -> list[PendingCall]:
+def fork_at_step(task: Task, last: StepRecord | None) -> int:
+    """The last step a fork of ``task`` may copy up to (``POST /tasks/{id}/fork``'s ``at_step``):
+    its last committed step, or the one before when that is the model's turn asking for tool
+    calls (``asks_for_calls``: a paused task's held calls, a waiting parent's spawn), which the
+    fork refuses. The console's fork form offered the last step, which such a task refused."""
+    return task.step - 1 if last is not None and asks_for_calls(last.body) else task.step
+
+
+def _pending_calls(last: StepRecord | None) -> list[PendingCall]:
     """The tool calls of the last committed turn: what a paused task will do once a person decides."""
-    last = store.steps.last(task.task_id)
     if last is None or not isinstance(last.body, LLMStep):
         return []
     return [

@@ -17,7 +17,7 @@ from agentq.core.endusers import NotTheApprover
 from agentq.core.engine import count_as_spent, count_batch_hold_as_spent
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
-from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus
+from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus, asks_for_calls
 from agentq.core.pricing import micros
 from agentq.core.records import ApprovalRecord
 from agentq.core.stops import ScopeStopped, stop_covering
@@ -380,7 +380,7 @@ def _fork_point(history: list[StepRecord], at_step: int) -> None:
     3). The fork that keeps their results starts at the step that ran them; the one that asks
     the model again, at the step before."""
     last = history[at_step - 1].body if at_step else None
-    if not isinstance(last, LLMStep) or not last.tool_uses():
+    if not isinstance(last, LLMStep) or not asks_for_calls(last):
         return
     names = ", ".join(str(name)[:64] for name in list(dict.fromkeys(use["name"] for use in last.tool_uses()))[:5])
     asked = f"at_step {at_step} is the model's turn asking for tool calls ({names})"

@@ -29,7 +29,7 @@ from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq.core.errors import IdempotencyConflict, TaskNotFound
 from agentq.core.faults import crash_point
-from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus, TaskSubmission, ToolsStep
+from agentq.core.models import StepRecord, Task, TaskStatus, TaskSubmission, ToolsStep, asks_for_calls
 from agentq.core.pricing import NO_MONEY_CAP, micros
 from agentq.core.records import IdempotencyRecord
 from agentq.core.stops import agent_name
@@ -280,8 +280,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         while it is this fork's own, so the fork appears whole or not at all. A fork retried
         under the same ``task_id`` takes the placeholder over and copies again (every copy
         is an overwrite of the same key)."""
-        last = steps[-1].body if steps else None
-        if isinstance(last, LLMStep) and last.tool_uses():
+        if steps and asks_for_calls(steps[-1].body):
             raise ValueError(f"a fork cannot end on step {len(steps)}: its tool calls would be made again")
         task_id = task_id or keys.new_task_id()
         pending = uuid.uuid4().hex

@@ -60,7 +60,7 @@ export async function taskPage(ctx, taskId) {
     drawGauge(el.gauge, view);
     drawFacts(el.facts, view);
     drawResult(el.result, view);
-    const actionSig = JSON.stringify([view.status, view.step, view.depth, view.pending_tool_use_id, view.pending_approval, view.pending_calls, view.model]);
+    const actionSig = JSON.stringify([view.status, view.step, view.fork_at_step, view.depth, view.pending_tool_use_id, view.pending_approval, view.pending_calls, view.model]);
     if (actionSig !== shown.actions) {
       shown.actions = actionSig;
       drawActions(el.actions, view, { ctx, path, notice: el.notice, refresh: () => refresh(false) });
@@ -297,7 +297,9 @@ function drawActions(el, v, env) {
       usd ? [h("label", { for: "add-usd" }, "add $"), usd] : null, raise));
   }
   if (!v.parent_id) {
-    const at = h("input", { id: "fork-step", type: "number", min: 0, max: v.step, value: v.step });
+    // The last step the API forks at (fork_at_step): a paused task's last step is the turn asking
+    // for the held calls, which a fork refuses.
+    const at = h("input", { id: "fork-step", type: "number", min: 0, max: v.fork_at_step, value: v.fork_at_step });
     const model = h("input", { id: "fork-model", type: "text", value: v.model, maxlength: 200 });
     const fork = h("button", { type: "button", id: "fork" }, "Fork");
     fork.addEventListener("click", () => act(fork, (out) => `Forked as ${out.task_id}.`, async () => {

@@ -308,6 +308,12 @@ class TaskView(ApiModel):
     root_id: str
     depth: int
     forked_from: dict[str, Any] | None
+    fork_at_step: int | None = Field(
+        default=None,
+        description="the last step a fork may copy up to (POST /tasks/{id}/fork's at_step): the task's step, or the "
+        "one before when that is the model's turn asking for tool calls (a paused task's held calls, a waiting "
+        "parent's spawn), which a fork refuses; null for a sub-agent, which is not forked",
+    )
     depends_on: list[str] = Field(default_factory=list, description="tasks this one runs after (blocked until then)")
     has_workspace: bool = Field(
         default=False, description="it works in files: GET /tasks/{id}/files lists them (a workspace start or tool)"

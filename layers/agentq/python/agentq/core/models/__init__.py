@@ -41,6 +41,7 @@ from agentq.core.models.steps import (
     ToolsStep,
     Usage,
     UserMessage,
+    asks_for_calls,
     repeated_tool_use_id,
 )
 from agentq.core.models.strict import MAX_JSON_DEPTH, StrictModel
@@ -133,6 +134,7 @@ __all__ = [
     "ToolsStep",
     "Usage",
     "UserMessage",
+    "asks_for_calls",
     "distinct_fallbacks",
     "repeated_tool_use_id",
     "sources_of",

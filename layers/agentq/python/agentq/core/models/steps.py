@@ -100,6 +100,15 @@ class LLMStep(CallStep):
         return [b for b in self.content if b.get("type") == "tool_use"]
 
 
+def asks_for_calls(body: object) -> bool:
+    """Whether a step is the model's turn asking for tool calls: no fork ends on one, since the
+    fork's first turn would make those calls again under its own task id, where the source's
+    effect records and keys stop nothing (``control.operations._fork_point``, ``Tasks.fork``).
+    Such a turn is always followed by the step that ran its calls, if by any, so the step
+    before it is one a fork may end on (``fork_at_step`` of the task's view)."""
+    return isinstance(body, LLMStep) and bool(body.tool_uses())
+
+
 def repeated_tool_use_id(content: list[dict[str, Any]]) -> str | None:
     """The first tool_use id two calls of one turn share, if any. A call's policy verdict, its
     approval and its effect record are all found by its id, so two calls under one id would
