@@ -34,7 +34,9 @@ from agentq.core.models import (
     asks_for_calls,
 )
 from agentq.core.pricing import NO_MONEY_CAP, usd_text
+from agentq.core.records import BudgetState
 from agentq.core.workspace import has_workspace
+from agentq.storage.budget_items import budget_state, with_unfolded
 from agentq.storage.container import Storage
 
 # --------------------------------------------------------------- task views
@@ -54,11 +56,19 @@ def owned(store: Storage, task_id: str, caller: Caller) -> Task:
 
 
 def children_summary(store: Storage, task: Task) -> ChildrenSummary:
+    return _children(store, task)[0]
+
+
+def _children(store: Storage, task: Task) -> tuple[ChildrenSummary, list[BudgetState]]:
+    """The task's sub-agents counted by status, and their budgets, from the one read of their
+    META items (the budget is on META: ``storage.budgets``)."""
     ids = [child for spawn in store.spawns.list(task.task_id) for child in spawn.children]
     if not ids:
-        return ChildrenSummary(total=0, by_status={}, task_ids=[])
-    counts = Counter(child.status.value for child in store.tasks.get_many(ids))
-    return ChildrenSummary(total=len(ids), by_status=dict(sorted(counts.items())), task_ids=ids[:100])
+        return ChildrenSummary(total=0, by_status={}, task_ids=[]), []
+    read = store.tasks.read_many(ids)
+    counts = Counter(child.status.value for child, _ in read)
+    budgets = [budget_state(item) for _, item in read if "cap" in item]
+    return ChildrenSummary(total=len(ids), by_status=dict(sorted(counts.items())), task_ids=ids[:100]), budgets
 
 
 def activity(
@@ -144,8 +154,16 @@ def task_view(store: Storage, task: Task) -> TaskView:
     that has not changed would never get its 304. Open intervals are therefore null while the
     task runs, and clients measure them from ``started_at``/``created_at`` themselves.
     """
+    # The budget first, then the children's: a child folded in between is missed by this one
+    # view, never counted twice (``with_unfolded``).
     try:
-        b = store.budgets.get(task.budget_id)
+        own: BudgetState | None = store.budgets.get(task.budget_id)
+    except TaskNotFound:
+        own = None
+    children, child_budgets = _children(store, task)
+    budget: BudgetView | None = None
+    if own is not None:
+        b = with_unfolded(own, child_budgets)  # for a root, the whole tree's as it says
         money = None
         if b.cap_micros < NO_MONEY_CAP:
             money = MoneyView(
@@ -153,13 +171,10 @@ def task_view(store: Storage, task: Task) -> TaskView:
                 unknown_usd=usd_text(b.unknown_micros), reserved_usd=usd_text(b.reserved_micros),
                 available_usd=usd_text(b.available_micros),
             )  # fmt: skip
-        budget: BudgetView | None = BudgetView(
+        budget = BudgetView(
             cap=b.cap, used=b.used, known=b.known, unknown=b.unknown, reserved=b.reserved, available=b.available,
             cost_usd=str(b.cost_usd), money=money,
         )  # fmt: skip
-    except TaskNotFound:
-        budget = None
-    children = children_summary(store, task)
     # The last committed step: what a running task does, a paused one's held calls, and where a
     # root may be forked. One Query (and the step's S3 object when it was offloaded), made for a
     # root task, which is forkable, and for a running or paused one, which read it before.

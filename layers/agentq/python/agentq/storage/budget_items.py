@@ -7,7 +7,8 @@ decoding (``storage.tasks``, ``storage.task_items``) and the budget's own writes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -154,6 +155,38 @@ def budget_state(item: Item) -> BudgetState:
         unknown=data.get("unknown", 0),
         unknown_micros=data.get("usd_unknown", 0),
     )
+
+
+def with_unfolded(parent: BudgetState, children: Iterable[BudgetState]) -> BudgetState:
+    """``parent``'s budget with what each of ``children`` (its direct sub-agents' budgets) has
+    spent so far counted in, for those not folded in yet (``Budgets.settle_child`` folds a child
+    only when its parent next runs, so a parent waiting on a slow sibling held a finished one's
+    spend in ``reserved``, at the share it gave it): a view of the whole tree's spend, never
+    written. A child's ``used`` (its folded sub-agents' included) moves from the share the
+    parent reserved for it to ``used``, as the fold moves it; dollars likewise, out of
+    ``available`` for a child given no money share. Its holds still out stay reserved (the fold
+    counts them as spent; until then they may be returned). A folded child is the parent's
+    already and is skipped, so a child folded between the reads of the two is missed in that
+    one view, never counted twice. A sub-agent's own unfolded sub-agents are left out: each
+    would be more reads, for every view."""
+    for child in children:
+        if child.settled:
+            continue
+        money_share = child.cap_micros < NO_MONEY_CAP
+        parent = replace(
+            parent,
+            used=parent.used + child.used,
+            reserved=parent.reserved - child.used,
+            unknown=parent.unknown + child.unknown,
+            cost_usd=parent.cost_usd + child.cost_usd,
+            tokens_in=parent.tokens_in + child.tokens_in,
+            tokens_out=parent.tokens_out + child.tokens_out,
+            used_micros=parent.used_micros + child.used_micros,
+            unknown_micros=parent.unknown_micros + child.unknown_micros,
+            reserved_micros=parent.reserved_micros - (child.used_micros if money_share else 0),
+            available_micros=parent.available_micros - (0 if money_share else child.used_micros),
+        )
+    return parent
 
 
 def as_read(state: BudgetState) -> ConditionBase:

@@ -138,7 +138,10 @@ class TokenUsage(ApiModel):
 
 
 class BudgetView(ApiModel):
-    """The task's token budget: for a root, the whole tree's (sub-agents included)."""
+    """The task's token budget: for a root, the whole tree's (sub-agents included). What a
+    sub-agent has spent counts in ``used`` (and ``cost_usd``) as it spends it, out of the share
+    its parent reserved for it, not only once the parent folds it in when it next runs (a
+    sub-agent's own sub-agents: once it has folded them)."""
 
     cap: int
     used: int = Field(description="known + unknown: what the cap counts as spent")
