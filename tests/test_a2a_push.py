@@ -316,3 +316,124 @@ def test_a_push_config_set_while_a_task_started_outside_a2a_runs_hears_of_its_en
     wait_for(lambda: len(receiver.taken()) >= 1, timeout=60, what="the completed notification")
     ((_, ended),) = receiver.taken()
     assert ended["task"]["id"] == task_id and ended["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+
+
+@pytest.fixture
+def two_receivers(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Receiver, Receiver]]:
+    """The tenant's backend and a server of the end user's own, both let in by the webhooks'
+    development allowance (loopback)."""
+    backend, users = Receiver(path="/tenant-backend"), Receiver(path="/users-own-server")
+    ports = [r.server.server_address[1] for r in (backend, users)]
+    monkeypatch.setenv("AGENTQ_WEBHOOK_ALLOW", ",".join(f"127.0.0.1:{p}" for p in ports))
+    yield backend, users
+    backend.server.shutdown()
+    users.server.shutdown()
+
+
+def _no_push(answer: dict[str, Any], field: str) -> None:
+    """The protocol's PushNotificationNotSupported (the card a token reads says
+    ``pushNotifications: false``), naming the field."""
+    error = answer.get("error") or {}
+    named = [d.get("metadata", {}).get("field") for d in error.get("data") or [] if isinstance(d, dict)]
+    assert error.get("code") == -32003 and named == [field], answer  # the field in the ErrorInfo's metadata
+    assert error["message"].startswith(f"{field}: "), answer
+
+
+def test_an_end_users_token_gets_nothing_signed_with_its_tenants_callback_secret_through_an_a2a_push_config(
+    api_stack: ApiStack, two_receivers: tuple[Receiver, Receiver]
+) -> None:
+    """A token may not set ``notify`` (tests/test_end_user_auth.py::
+    test_an_end_users_token_may_not_redirect_or_drop_its_agents_callback): a callback is signed
+    with the tenant's secret for the tenant's backend. A push config is the same thing by another
+    door: a token set one on its own task (with the send, or CreateTaskPushNotificationConfig)
+    and the task's end was POSTed to a server of its own, signed with the tenant's secret. Both
+    doors are the protocol's PushNotificationNotSupported naming the field, nothing stored, no
+    task started; the tenant's key still sets one on the user's task, and hears its end."""
+    backend, users = two_receivers
+    tenant = f"a2a-push-eu-{uuid.uuid4().hex[:6]}"
+    key = api_stack.stack.create_api_key(tenant)
+    token = api_stack.stack.token(user="mallory", tenant=tenant)
+    name = _agent(api_stack, [{"text": "done", "latency_seconds": 4}], key=key)
+    secret = api_stack.http("GET", "/webhooks/secret", key=key)[1]["secret"]
+    before = _push_items(api_stack)
+
+    params = {**_send("hello")["params"], "configuration": {"taskPushNotificationConfig": {"url": users.url}}}
+    sent = _call(api_stack, name, "SendMessage", params, key=token)
+    if "error" not in sent:  # the config was taken: wait for what it was sent
+        wait_for(lambda: bool(users.received), timeout=30, what="the push to the user's server")
+    signed = [raw for headers, raw, _ in users.received if verify(secret, headers.get(SIGNATURE_HEADER, ""), raw)]
+    assert signed == [], f"the token's server got {len(signed)} POST(s) signed with the tenant's secret"
+    _no_push(sent, "configuration.taskPushNotificationConfig")
+    assert _call(api_stack, name, "ListTasks", {}, key=token)["result"].get("tasks", []) == []  # none started
+
+    mine = _call(api_stack, name, "SendMessage", {**_send("hello")["params"], "configuration":
+                 {"returnImmediately": True}}, key=token)["result"]["task"]["id"]  # fmt: skip
+    theirs = _call(api_stack, name, "CreateTaskPushNotificationConfig", {"taskId": mine, "url": backend.url}, key=key)
+    assert "result" in theirs, theirs
+    for config in ({"taskId": mine, "url": users.url}, {"taskId": mine, "id": "own", "url": users.url, "token": "t"}):
+        _no_push(_call(api_stack, name, "CreateTaskPushNotificationConfig", config, key=token), "url")
+    with_message = {**_send("and more", taskId=mine)["params"],
+                    "configuration": {"taskPushNotificationConfig": {"url": users.url}}}  # fmt: skip
+    _no_push(_call(api_stack, name, "SendMessage", with_message, key=token), "configuration.taskPushNotificationConfig")
+    wait_for(lambda: len(backend.taken()) >= 1, timeout=60, what="the tenant's push of the task's end")
+    assert [b["task"]["id"] for _, b in backend.taken()] == [mine]
+    assert users.received == []
+    stored = [sk for pk, sk in _push_items(api_stack) if (pk, sk) not in before]
+    assert stored == [theirs["result"]["id"]]
+
+
+def test_a_push_config_its_tenant_set_on_a_users_task_is_neither_read_nor_replaced_nor_deleted_by_that_users_token(
+    api_stack: ApiStack,
+) -> None:
+    """The tenant's backend (its key) sets a push config on a user's task (any task of the agent
+    takes one), with the credentials its own receiver checks (``authentication``, ``token``). The
+    user's token listed and got it, credentials and all, and could replace it (the same ``id``,
+    its URL now the user's, so the tenant's signed pushes went there) or delete it (the tenant
+    heard nothing more): what a token may not do to an agent's ``notify``. The token reads the
+    config without its credentials or token, its Create and Delete are PushNotificationNotSupported
+    naming the field, and the key reads it whole, as it set it."""
+    tenant = f"a2a-pushcfg-eu-{uuid.uuid4().hex[:6]}"
+    key = api_stack.stack.create_api_key(tenant)
+    alice = api_stack.stack.token(user="alice", tenant=tenant)
+    name = _agent(api_stack, [{"text": "done"}], key=key)
+    task_id = api_stack.submit({"goal": "hi", "agent": name}, key=alice)
+    api_stack.until(task_id, lambda v: v["status"] == "succeeded", key=alice)
+    theirs = {"taskId": task_id, "id": "tenant-backend", "url": "https://backend.example.com/a2a-hooks",
+              "token": "tenant-notification-token",
+              "authentication": {"scheme": "Bearer", "credentials": "tenant-backend-secret"}}  # fmt: skip
+    made = _call(api_stack, name, "CreateTaskPushNotificationConfig", theirs, key=key)["result"]
+
+    listed = _call(api_stack, name, "ListTaskPushNotificationConfigs", {"taskId": task_id}, key=alice)
+    got = _call(
+        api_stack, name, "GetTaskPushNotificationConfig", {"taskId": task_id, "id": "tenant-backend"}, key=alice
+    )
+    for shown in (str(listed), str(got)):
+        assert "tenant-backend-secret" not in shown and "tenant-notification-token" not in shown, shown
+    redacted = {k: v for k, v in made.items() if k != "token"} | {"authentication": {"scheme": "Bearer"}}
+    assert listed["result"]["configs"] == [redacted] and got["result"] == redacted
+
+    mine = {"taskId": task_id, "id": "tenant-backend", "url": "https://users-own.example.net/hook"}
+    _no_push(_call(api_stack, name, "CreateTaskPushNotificationConfig", mine, key=alice), "url")
+    deleted = _call(api_stack, name, "DeleteTaskPushNotificationConfig", {"taskId": task_id, "id": "tenant-backend"},
+                    key=alice)  # fmt: skip
+    _no_push(deleted, "id")
+    kept = _call(api_stack, name, "ListTaskPushNotificationConfigs", {"taskId": task_id}, key=key)["result"]["configs"]
+    assert kept == [made] and made["authentication"] == theirs["authentication"] and made["token"] == theirs["token"]
+
+
+def test_an_end_users_token_reads_a_card_without_push_notifications_and_a_key_reads_one_with(
+    api_stack: ApiStack,
+) -> None:
+    """The card says what its reader may do: push notifications are the tenant's (its key's), so
+    a token's card says ``pushNotifications: false``, as its push methods answer; the card varies
+    by who asks (``Vary: Authorization``), so no cache hands one reader's to the other."""
+    tenant = f"a2a-card-eu-{uuid.uuid4().hex[:6]}"
+    key = api_stack.stack.create_api_key(tenant)
+    token = api_stack.stack.token(user="alice", tenant=tenant)
+    name = _agent(api_stack, [{"text": "done"}], key=key)
+    path = f"/a2a/{name}/.well-known/agent-card.json"
+    for who, pushes in ((key, True), (token, False)):
+        status, card, headers = api_stack.http("GET", path, key=who)
+        assert status == 200, card
+        assert card["capabilities"] == {"streaming": True, "pushNotifications": pushes, "extendedAgentCard": False}
+        assert "authorization" in {h.strip().lower() for h in headers.get("Vary", "").split(",")}, headers

@@ -11,6 +11,15 @@ keeps a config "until task completion or deletion", and clients set one on whate
 hold), though nothing more will be sent for it. The configs live in ``storage/a2a_push.py``; what is sent, and how, is
 ``queueing/a2a_push.py``: the change as a ``StreamResponse`` when the task waits for someone or
 ends, signed as every callback, retried until taken.
+
+Push configs are the tenant's (its API keys'). A push is signed with the tenant's callback secret
+for the tenant's backend, as an agent's ``notify`` is, which a token may not set for that reason
+(``api/user_submission.py``): a config a token set on its own task had the tenant's signed pushes
+POSTed to a server of the user's. So an end user's token (``Caller.bound``) sets none, with a send
+or on its own (``refuse_push``: the protocol's ``PushNotificationNotSupportedError``, as its card
+says ``pushNotifications: false``, naming the field, nothing stored), deletes none (the tenant's
+backend would hear nothing more) and reads the tenant's without their credentials
+(``authentication.credentials``, ``token``: what the tenant's receiver checks).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentq.api.routes.common import ApiDeps
+from agentq.core.endusers import Caller
 from agentq.core.errors import ValidationError
 from agentq.core.models import Task
 from agentq.core.webhooks import check_url
@@ -39,11 +49,28 @@ def _invalid(message: str, field: str) -> Exception:
     return _errors().InvalidParamsError(message=f"{field}: {message}", data={"field": field})  # type: ignore[no-any-return]
 
 
-def _config_out(raw: dict[str, Any]) -> Any:
+def _config_out(raw: dict[str, Any], caller: Caller) -> Any:
+    """A config as the protocol's; to a token, without the credentials the tenant's receiver
+    checks (``authentication.credentials``, ``token``): the scheme, URL and id remain."""
     from a2a.types import TaskPushNotificationConfig
     from google.protobuf.json_format import ParseDict
 
+    if caller.bound:
+        raw = {k: v for k, v in raw.items() if k != "token"}
+        auth = raw.get("authentication")
+        if isinstance(auth, dict):
+            raw["authentication"] = {k: v for k, v in auth.items() if k != "credentials"}
     return ParseDict(raw, TaskPushNotificationConfig(), ignore_unknown_fields=True)
+
+
+def refuse_push(caller: Caller, field: str) -> None:
+    """An end user's token sets and deletes no push config (the module's docstring says why):
+    the protocol's PushNotificationNotSupported, which its card announces, naming ``field``."""
+    if caller.bound:
+        message = (f"{field}: push notifications are the tenant's: they are signed with its callback secret for its "
+                   f"backend, so the token of end user {caller.user!r} may not set or delete a push config (an API "
+                   "key of the tenant may); nothing was stored")  # fmt: skip
+        raise _errors().PushNotificationNotSupportedError(message=message, data={"field": field})
 
 
 def config_in(params: Any, task_id: str) -> tuple[str, dict[str, Any]]:
@@ -70,11 +97,12 @@ def config_in(params: Any, task_id: str) -> tuple[str, dict[str, Any]]:
 
 
 class PushConfigMethods:
-    """The four methods; the class they are mixed into gives ``deps``, ``_owned`` (the caller's
-    task of this agent, or TaskNotFound) and ``_store_call`` (a store call off the event loop,
-    agentq's refusals as the protocol's errors)."""
+    """The four methods; the class they are mixed into gives ``deps``, ``_caller`` (whom the
+    request acts for), ``_owned`` (the caller's task of this agent, or TaskNotFound) and
+    ``_store_call`` (a store call off the event loop, agentq's refusals as the protocol's errors)."""
 
     deps: ApiDeps
+    _caller: Callable[[], Caller]
     _owned: Callable[[str], Task]
     _store_call: Callable[[Callable[[], Any]], Any]
 
@@ -87,7 +115,7 @@ class PushConfigMethods:
         if len(known) >= MAX_CONFIGS and all(c.get("id") != config_id for c in known):
             raise _invalid(f"a task holds at most {MAX_CONFIGS} push configs; delete one first", "id")
         push.put(task_id, tenant, config_id, raw)
-        return config_id, _config_out(raw)
+        return config_id, _config_out(raw, self._caller())
 
     def _store_push_undoably(self, task_id: str, tenant: str, params: Any) -> tuple[str, Callable[[], None]]:
         """``_store_push``, and how to take it back if what it came with is refused: delete the
@@ -106,7 +134,8 @@ class PushConfigMethods:
 
     async def on_create_task_push_notification_config(self, params: Any, context: Any) -> Any:
         def create() -> Any:
-            task = self._owned(params.task_id)
+            task = self._owned(params.task_id)  # another's task: TaskNotFound, as for every method
+            refuse_push(self._caller(), "url")
             return self._store_push(task.task_id, task.tenant, params)[1]
 
         return await self._store_call(create)
@@ -117,7 +146,7 @@ class PushConfigMethods:
             raw = self.deps.store.a2a_push.get(task.task_id, params.id) if params.id else None
             if raw is None:
                 raise _errors().TaskNotFoundError(message=f"task {task.task_id} has no push config {params.id!r}")
-            return _config_out(raw)
+            return _config_out(raw, self._caller())
 
         return await self._store_call(get)
 
@@ -126,7 +155,8 @@ class PushConfigMethods:
 
         def listed() -> Any:
             task = self._owned(params.task_id)
-            configs = [_config_out(raw) for raw in self.deps.store.a2a_push.listed(task.task_id)]
+            caller = self._caller()
+            configs = [_config_out(raw, caller) for raw in self.deps.store.a2a_push.listed(task.task_id)]
             return ListTaskPushNotificationConfigsResponse(configs=configs)  # at most MAX_CONFIGS: one page
 
         return await self._store_call(listed)
@@ -134,6 +164,7 @@ class PushConfigMethods:
     async def on_delete_task_push_notification_config(self, params: Any, context: Any) -> None:
         def delete() -> None:
             task = self._owned(params.task_id)
+            refuse_push(self._caller(), "id")
             if params.id:
                 self.deps.store.a2a_push.delete(task.task_id, params.id)  # again, or an unknown id: the same
 

@@ -25,7 +25,8 @@ which calls the same control functions the HTTP API calls, as the MCP server doe
 - ``GetTask``, ``ListTasks`` (this agent's tasks of the caller, newest first), ``CancelTask``.
 - Push notification configs (``api/a2a_push.py``): created, read, listed, deleted per task (or
   given with a send, then stored before its task can run on it), each URL checked as a callback's; the task's changes are POSTed there
-  signed when it waits for someone or ends (``queueing/a2a_push.py``).
+  signed when it waits for someone or ends (``queueing/a2a_push.py``). The tenant's keys' only:
+  an end user's token sets and deletes none, and reads them without their credentials.
 
 Tenancy: every call acts for the request's caller (``core.endusers.Caller``, the API's own
 auth, handed in a context variable the route sets): a task of another tenant, of another end
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentq.api import a2a_views as views
-from agentq.api.a2a_push import PushConfigMethods, config_in
+from agentq.api.a2a_push import PushConfigMethods, config_in, refuse_push
 from agentq.api.a2a_stream import stopped, task_events
 from agentq.api.a2a_views import HISTORY_BYTES
 from agentq.api.models import MAX_NOTE_CHARS, MAX_TOOL_USE_ID_CHARS
@@ -122,6 +123,9 @@ class AgentqRequestHandler(PushConfigMethods):
         self.deps = deps
 
     # -- reads --------------------------------------------------------------------------
+
+    def _caller(self) -> Caller:
+        return call_var.get().caller
 
     def _owned(self, task_id: str) -> Task:
         """The task if the caller sees it and it is this agent's, else TaskNotFound."""
@@ -394,8 +398,9 @@ def _check_send(params: Any) -> None:
     if not params.message.message_id:
         raise _invalid("required", "message.messageId")
     configuration = params.configuration
-    if configuration.HasField("task_push_notification_config"):
-        config_in(configuration.task_push_notification_config, "")  # refused before any task starts
+    if configuration.HasField("task_push_notification_config"):  # refused before any task starts
+        refuse_push(call_var.get().caller, "configuration.taskPushNotificationConfig")
+        config_in(configuration.task_push_notification_config, "")
     if configuration.HasField("history_length") and configuration.history_length < 0:
         raise _invalid("must be 0 or more", "configuration.historyLength")
     modes = set(configuration.accepted_output_modes)

@@ -1,6 +1,7 @@
 """A2A push notifications: when a task an A2A client can reach (one it sent, or any task of an
 agent: ``reachable``) waits for someone (``input-required``, ``auth-required``) or ends, each
-push config its client set (``storage/a2a_push.py``) gets the
+push config its client set (``storage/a2a_push.py``; a tenant's API key's: an end user's token
+sets none, ``api/a2a_push.refuse_push``, as every push is signed as the tenant) gets the
 change as A2A's ``StreamResponse`` (a ``statusUpdate``; at ``completed`` the ``task`` with its
 artifacts, ``queueing/a2a_artifacts.py``), queued on the webhooks queue and
 delivered as every callback is (``queueing/webhooks.py``): signed with the tenant's secret, the

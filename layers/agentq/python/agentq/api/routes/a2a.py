@@ -3,7 +3,9 @@
 
 - ``GET /a2a/{agent}/.well-known/agent-card.json``: its Agent Card. Behind the same auth as every
   route: an agent is a tenant's, and the tenant is the key's. The card names that scheme (HTTP
-  bearer: an API key, or a token of the deployment's OIDC issuer).
+  bearer: an API key, or a token of the deployment's OIDC issuer). It says what its reader may
+  do: push notifications are the tenant's keys' (``api/a2a_push.py``), so an end user's token
+  reads ``pushNotifications: false`` (and ``Vary: Authorization``: one reader's is not another's).
 - ``POST /a2a/{agent}``: JSON-RPC 2.0, answered by the ``a2a-sdk``'s own dispatcher (parsing,
   method routing, the protocol's error codes, server-sent events), run as an ASGI app in an
   event loop of its own per request, its answer handed back to powertools. Where the server
@@ -84,10 +86,12 @@ def router(deps: ApiDeps) -> Router:
         from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 
         version = agent_of(agent)
-        built = agent_card(version, agent, _base_url(routes.current_event))
+        pushes = not deps.caller().bound  # a token sets no push config: its card says so
+        built = agent_card(version, agent, _base_url(routes.current_event), push_notifications=pushes)
         body = json.dumps(agent_card_to_dict(built), sort_keys=True)
         headers = {
             "Cache-Control": f"private, max-age={CARD_MAX_AGE}",  # private: a tenant's card, behind its key
+            "Vary": "Authorization",  # a key's card and a token's differ (push notifications)
             "Last-Modified": formatdate(version.created_at, usegmt=True),  # versions never change
             # and the API's conditional GET (api/conditional.py) adds its ETag, answering If-None-Match with 304
         }
@@ -136,10 +140,11 @@ class _NoAgent(Exception):
         self.ref = ref
 
 
-def agent_card(version: Any, ref: str, base: str) -> Any:
+def agent_card(version: Any, ref: str, base: str, *, push_notifications: bool = True) -> Any:
     """The Agent Card of an agent's version: one skill, the agent itself (its tools as tags);
     the API's bearer auth; streaming (event by event, resumed by ``SubscribeToTask``); push
-    notifications (``api/a2a_push.py``); no extended card."""
+    notifications (``api/a2a_push.py``) unless its reader is an end user's token; no extended
+    card (a card per reader needs none: the card itself is behind the caller's auth)."""
     from a2a.types import (
         AgentCapabilities,
         AgentCard,
@@ -172,7 +177,9 @@ def agent_card(version: Any, ref: str, base: str) -> Any:
             AgentInterface(url=f"{base}/a2a/{ref}", protocol_binding="JSONRPC", protocol_version="1.0")
         ],
         provider=AgentProvider(organization="agentq", url=base),
-        capabilities=AgentCapabilities(streaming=True, push_notifications=True, extended_agent_card=False),
+        capabilities=AgentCapabilities(
+            streaming=True, push_notifications=push_notifications, extended_agent_card=False
+        ),
         security_schemes={"bearer": scheme},
         security_requirements=[requirement],
         default_input_modes=[TEXT, JSON_TYPE],
