@@ -12,6 +12,7 @@ API keys, on the local stack (``agentq dev --auth``):
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 import uuid
@@ -167,12 +168,61 @@ def test_no_request_sees_another_users_or_another_tenants_tasks(api_stack: ApiSt
 @pytest.mark.parametrize(
     ("method", "path"),
     [("GET", "/schedules"), ("GET", "/webhooks/secret"), ("GET", "/memory-stores"), ("GET", "/dead-letters"),
-     ("POST", "/agents"), ("GET", "/usage/tenants")],
+     ("POST", "/agents"), ("GET", "/usage/tenants"), ("GET", "/agents/greeter/quality"),
+     ("GET", "/agents/greeter/quality/"), ("GET", "/agents/greeter/aliases"), ("GET", "/agents/greeter/aliases/prod"),
+     ("GET", "/caps"), ("GET", "/stops"), ("GET", "/policies")],
 )  # fmt: skip
 def test_a_token_reaches_no_route_that_acts_for_the_whole_tenant(api_stack: ApiStack, method: str, path: str) -> None:
     token = api_stack.stack.token(user="alice", tenant="eu-routes")
     status, answer, _ = api_stack.http(method, path, {} if method == "POST" else None, key=token)
     assert status == 403 and answer["error"]["code"] == "forbidden", answer
+
+
+# Every route an end user's token reaches (``api.app.user_may``; the rest is 403 before any route
+# runs): its own tasks and what concerns them (each answers 404 for another's task), its own usage
+# and the fleet's health, its own vault, the A2A and MCP servers (whose calls act as its user), and
+# the agents' definitions it runs. ``POST /tasks/{id}/agent`` is let by to answer its own 403.
+TOKEN_ROUTES = {
+    ("GET", "/tasks"), ("POST", "/tasks"), ("GET", "/tasks/<task_id>"), ("GET", "/tasks/<task_id>/result"),
+    ("GET", "/tasks/<task_id>/trace"), ("GET", "/tasks/<task_id>/events"), ("GET", "/tasks/<task_id>/files"),
+    ("GET", "/tasks/<task_id>/files/<path>"), ("GET", "/tasks/<task_id>/diff"),
+    ("GET", "/tasks/<task_id>/compare/<other_id>"), ("GET", "/tasks/<task_id>/messages"),
+    ("POST", "/tasks/<task_id>/messages"), ("POST", "/tasks/<task_id>/cancel"), ("POST", "/tasks/<task_id>/approve"),
+    ("POST", "/tasks/<task_id>/reject"), ("POST", "/tasks/<task_id>/budget"), ("POST", "/tasks/<task_id>/fork"),
+    ("POST", "/tasks/<task_id>/interrupt"), ("POST", "/tasks/<task_id>/close"), ("POST", "/tasks/<task_id>/agent"),
+    ("GET", "/usage"), ("GET", "/usage/spend"), ("GET", "/breakers"),
+    ("GET", "/vault/credentials"), ("PUT", "/vault/credentials/<name>"), ("DELETE", "/vault/credentials/<name>"),
+    ("POST", "/a2a/<agent>"), ("GET", "/a2a/<agent>/.well-known/agent-card.json"),
+    ("GET", "/mcp"), ("POST", "/mcp"), ("DELETE", "/mcp"),
+    ("GET", "/agents"), ("GET", "/agents/<name>"), ("GET", "/agents/<name>/versions"),
+}  # fmt: skip
+
+
+def test_the_routes_a_token_reaches_are_exactly_the_ones_listed_so_a_new_route_is_closed_until_listed() -> None:
+    """``USER_PATHS`` and ``USER_READS`` name each route a token may reach, not a prefix: a broad
+    ``/agents(/.*)?`` let a token read ``/agents/{name}/quality``, the tenant-wide report of every
+    user's graded tasks, added after the regex was written. Every route of the app is asked here
+    (its parameters filled in, with and without a trailing slash, which the router takes): a new
+    one a token reaches fails this test until it is added above."""
+    from agentq.api.app import build_app, is_public, user_may
+
+    app = build_app(None, None, None)  # type: ignore[arg-type]
+    reached: set[tuple[str, str]] = set()
+    for route in app._static_routes + app._dynamic_routes:
+        sample = re.sub(r"<[^>]+>", "x", route.path)
+        if is_public(sample):
+            continue
+        for path in (sample, f"{sample}/"):
+            if user_may(route.method, path):
+                reached.add((route.method, route.path))
+            elif (route.method, route.path) in TOKEN_ROUTES:
+                raise AssertionError(f"{route.method} {path} is refused to a token")
+    assert reached == TOKEN_ROUTES, (reached - TOKEN_ROUTES, TOKEN_ROUTES - reached)
+    deep = ["/tasks/x/files/a/b.txt", "/tasks/x%2Fy", "/agents/x%2Fquality"]  # a file's path; an escaped slash
+    assert all(user_may("GET", p) for p in deep)
+    beyond = ["/agents/x/quality", "/agents/x/aliases", "/agents/x/versions/1", "/a2a/x/y", "/tasks/x/y",
+              "/usage/tenants", "/vault/credentials/x/y", "/mcp/x", "/tasks/x/compare"]  # fmt: skip
+    assert [p for p in beyond if user_may("GET", p) or user_may("POST", p)] == []
 
 
 def test_agentq_dev_token_mints_a_token_the_api_takes_and_agentq_list_filters_by_user(api_stack: ApiStack) -> None:

@@ -9,6 +9,7 @@ cross-user probes."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
@@ -153,3 +154,37 @@ def test_an_a2a_or_mcp_call_of_a_token_answers_to_post_tasks_allow_list(
     assert "error" in answer and "metadata" in json.dumps(answer["error"]), answer
     assert len(_tasks(api, key)) == 2  # nothing created
     assert not _mcp(api.url, key, agent, call).is_error and "result" in a2a(key)  # a key's call: the whole tenant's
+
+
+def test_an_end_users_token_reads_no_other_users_graded_tasks_through_an_agents_quality_report(
+    api_stack: ApiStack,
+) -> None:
+    """``GET /agents/{name}/quality`` counts every sampled task of the agent, whoever it acted for:
+    how many each hour, how many passed, what they cost. A token sees only its user's tasks and
+    no tenant-wide route, but ``api.app.USER_READS`` (``/agents(/.*)?``, written for the agents'
+    definitions before the quality route existed) let a token's GET through. Bob's token is
+    refused the report (403, as every tenant-wide route); the agent's definition it still reads."""
+    api, tenant = api_stack, f"eu-quality-{uuid.uuid4().hex[:6]}"
+    key = api.stack.create_api_key(tenant)
+    alice = api.stack.token(user="alice", tenant=tenant)
+    bob = api.stack.token(user="bob", tenant=tenant)
+    name = f"graded-{uuid.uuid4().hex[:6]}"
+    made = {"name": name, "provider": "scripted", "script": {"turns": [{"text": "DONE"}]}, "system": "s"}
+    assert api.http("POST", "/agents", made, key=key)[0] == 201
+    alias = {"versions": [{"version": 1, "weight": 100}], "online": {"rate": 1, "grade": {"grader": "says_done"}}}
+    assert api.http("PUT", f"/agents/{name}/aliases/prod", alias, key=key)[0] == 200
+    for _ in range(2):
+        task_id = api.submit({"goal": "alice's own question", "agent": f"{name}@prod"}, key=alice)
+        api.until(task_id, lambda v: v["status"] == "succeeded", key=alice)
+    deadline = time.monotonic() + 60
+    while True:  # the tenant's key sees both of alice's tasks graded
+        report = api.http("GET", f"/agents/{name}/quality?hours=2", key=key)[1]
+        if sum(b["graded"] for b in report["buckets"]) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert sum(b["graded"] for b in report["buckets"]) == 2, report
+
+    status, seen, _ = api.http("GET", f"/agents/{name}/quality?hours=2", key=bob)
+    assert status == 403 and seen["error"]["code"] == "forbidden", f"bob's token read alice's graded tasks: {seen}"
+    for path in (f"/agents/{name}", f"/agents/{name}/versions", "/agents"):
+        assert api.http("GET", path, key=bob)[0] == 200, path

@@ -113,14 +113,23 @@ def _event_caller(event: Mapping[str, Any]) -> Caller | None:
 
 
 # What a caller acting as one end user (a JWT's, ``core.endusers.Caller.bound``) may reach: its
-# own tasks and what concerns them, fleet health, and the MCP server (whose calls act as the user
-# and read only its tasks: ``api.mcp_server``). Everything else acts for the whole tenant (its
-# agents' definitions, memory stores, schedules, callback secret, dead letters) and answers 403:
-# a route added later is closed to such callers until it is listed here.
+# own tasks and what concerns them, its own usage, fleet health, its own vault, and the A2A and MCP
+# servers (whose calls act as the user and read only its tasks: ``api.a2a_server``,
+# ``api.mcp_server``); and it may read the agents' definitions it runs. Everything else acts for
+# the whole tenant (agents' writes, aliases and quality reports, memory stores, schedules, caps,
+# stops, policies, the callback secret, dead letters) and answers 403. Each route is named, never
+# a prefix (``/agents(/.*)?`` let a token read ``/agents/{name}/quality``, every user's graded
+# tasks, added after it was written): a route added later is closed to such callers until it is
+# listed here (tests/test_end_user_auth.py::TOKEN_ROUTES lists what these admit). A path segment
+# is ``[^/]+`` as the router's own parameters are (``%2F`` stays in its segment); a trailing ``/``
+# reaches the same route, so it is allowed.
+_TASK_ROUTES = r"result|trace|events|files|diff|messages|cancel|approve|reject|budget|fork|interrupt|close|agent"
 USER_PATHS = re.compile(
-    r"/tasks(/.*)?|/usage|/usage/spend|/breakers|/vault/credentials(/[^/]+)?|/a2a/.+|/mcp"
-)  # the vault: the user's own; A2A: the user's own tasks of an agent (api/a2a_server.py); /mcp: its calls act as the user (api.mcp_server)
-USER_READS = re.compile(r"/agents(/.*)?")
+    rf"(/tasks(/[^/]+(/({_TASK_ROUTES})|/files/.+|/compare/[^/]+)?)?"  # each answers 404 for another's task
+    r"|/usage(/spend)?|/breakers|/vault/credentials(/[^/]+)?"
+    r"|/a2a/[^/]+(/\.well-known/agent-card\.json)?|/mcp)/?"
+)
+USER_READS = re.compile(r"/agents(/[^/]+(/versions)?)?/?")  # definitions: not aliases, not quality
 
 
 def user_may(method: str, path: str) -> bool:
