@@ -171,6 +171,44 @@ def test_a_caps_soft_threshold_is_the_tenants_to_approve_not_the_capped_users_to
     assert decided["approved"] is True and "by_user" not in decided and _charges(api, amount) == 1
 
 
+def test_a_capped_scopes_pause_tells_an_end_users_token_nothing_of_what_other_users_spent(
+    api_stack: ApiStack,
+) -> None:
+    """A scope's cap (here the agent's, which all the tenant's users share) pauses a task at its
+    soft threshold with a message naming what the window holds ("at N tokens"), and that message
+    is what the task's view (``pending_approval``, ``activity``), its events, A2A and MCP show the
+    task's own user. For an agent or key scope that N is every user's spend: bob's token learnt
+    alice's. ``GET /usage`` keeps exactly that from a token (its ``caps`` are its own user's only).
+    Bob's task says why it waits (the agent's soft threshold, this call's hold) without it."""
+    api, tenant = api_stack, f"ap-caps-{uuid.uuid4().hex[:6]}"
+    key = api.stack.create_api_key(tenant)
+    alice = api.stack.token(user="alice", tenant=tenant)
+    bob = api.stack.token(user="bob", tenant=tenant)
+    name = f"capped-{uuid.uuid4().hex[:6]}"
+    made = {"name": name, "provider": "scripted", "script": {"turns": [{"text": "hi"}]}}
+    assert api.http("POST", "/agents", made, key=key)[0] == 201
+    # A cap no call fits names the size of one call's hold: the soft threshold then lets one call
+    # by and pauses the next (the hold is the same for the same submission).
+    assert api.http("PUT", f"/caps/agent/{name}", {"daily_tokens": 1}, key=key)[0] == 200
+    probe = api.submit({"goal": "hi", "agent": name}, key=key)
+    view = api.until(probe, lambda v: v["retry"] is not None, key=key)
+    hold = int(view["retry"]["error"]["message"].split("this call holds ", 1)[1].split(" tokens", 1)[0])
+    assert api.http("POST", f"/tasks/{probe}/cancel", key=key)[0] == 200
+    caps = {"daily_tokens": 10 * hold, "soft_daily_tokens": hold + 1}
+    assert api.http("PUT", f"/caps/agent/{name}", caps, key=key)[0] == 200
+
+    theirs = api.submit({"goal": "hi", "agent": name}, key=alice)
+    used = api.until(theirs, lambda v: v["status"] == "succeeded", key=alice)["tokens"]["total"]
+    assert used > 1
+    mine = api.submit({"goal": "hi", "agent": name}, key=bob)
+    view = api.until(mine, lambda v: v["status"] == "paused", key=bob)
+    events = api.http("GET", f"/tasks/{mine}/events", key=bob)[1]["events"]
+    shown = " ".join(str(x) for x in (view["pending_approval"], view["activity"], view["retry"], events))
+    assert f"at {used} tokens" not in shown, f"bob's token reads what alice's task spent ({used} tokens): {shown[:400]}"
+    assert f"agent {name!r} would pass its soft threshold of {hold + 1} tokens a day" in view["pending_approval"]
+    assert f"this call holds {hold} tokens" in view["pending_approval"], view
+
+
 def test_an_ask_keeps_its_approver_when_the_rule_is_edited_while_it_waits(api_stack: ApiStack) -> None:
     """Who decides is fixed on the pending record when the call is held: the rule rewritten to
     ``@approver("user")`` meanwhile does not let the token decide the ask already made."""

@@ -160,6 +160,39 @@ def test_a_rejected_soft_threshold_ends_the_task_cost_exceeded_naming_the_cap(
     assert store.caps.usage("acme", "agent", "helper")["day_usd"] <= micros(Decimal("0.01"))
 
 
+@pytest.mark.parametrize(
+    ("scope", "name", "user", "shown"),
+    [
+        ("user", "alice", "alice", True),  # the user's own window: its own spend
+        ("agent", "helper", "alice", False),  # its agent's, which every user of the agent shares
+        ("key", "k1", "alice", False),  # its key's, which every user the key acts for shares
+        ("agent", "helper", None, True),  # no user: only the tenant's keys read the task
+    ],
+)
+def test_a_caps_pause_and_deferral_name_what_the_window_holds_only_to_whom_that_spend_is_their_own(
+    store: Storage, registry: ToolRegistry, scope: str, name: str, user: str | None, shown: bool
+) -> None:
+    """A cap's soft-threshold question and its refusal say "at N tokens", N what the scope's window
+    holds; a user's task shows them to its end user's token (``pending_approval``, ``activity``,
+    ``retry``, events, A2A, MCP). For a window the user shares (its agent's, its key's) N is other
+    users' spend too, which ``GET /usage`` keeps from a token: those say the threshold or cap and
+    this call's hold only. The user's own window, and a task no user's token reads, keep N."""
+    store.caps.put("acme", scope, name, CapLimits(hourly_tokens=9_000, soft_hourly_tokens=3_000))  # type: ignore[arg-type]
+    task_id = store.tasks.create(_submission(40, user=user, agent="helper"), tenant="acme", key_id="k1").task_id
+    engine = _engine(store, registry)
+    assert engine.run(task_id).status is TaskStatus.PAUSED
+    asked = store.approvals.pending(task_id)
+    assert asked is not None
+    _decide(store, task_id, approved=True)
+    deferred = engine.run(task_id)
+    assert deferred.outcome == "deferred" and deferred.error is not None
+    held = store.caps.usage("acme", scope, name)["hour_tokens"]  # type: ignore[arg-type]
+    for said in (asked.question, deferred.error["message"]):
+        assert f"{scope} {name!r}" in said and "this call holds " in said, said
+        assert (" (at " in said) is shown, said
+    assert (f"at {held} tokens" in deferred.error["message"]) is shown, (held, deferred.error)
+
+
 def test_a_task_with_no_capped_scope_writes_no_window(store: Storage, registry: ToolRegistry) -> None:
     task_id = _create(store, "user", "carol", turns=2)
     assert _engine(store, registry).run(task_id).status is TaskStatus.SUCCEEDED

@@ -174,6 +174,7 @@ class ScopeCapsPort(Protocol):
         micros: int = 0,
         approved: frozenset[str] = frozenset(),
         now: float | None = None,
+        user: str | None = None,
     ) -> Any: ...
 
     def settle(self, hold: Any, used: int, used_micros: int = 0) -> None: ...

@@ -17,6 +17,11 @@ A task spends against up to three scopes (its user, its agent, its key): one upd
 that order; a refusal by a later one gives back the earlier ones' holds. A soft threshold is
 the same condition at the soft line until the task was approved past it for that window
 (``approved``).
+
+A refusal's message says what the window holds ("at N tokens") only to whom that spend is their
+own: the task's end user's token reads it (its view, events, A2A, MCP), and a window it shares
+(its agent's, its key's) holds the other users' spend, which ``GET /usage`` keeps from a token.
+So for a task of a user (``hold``'s ``user``) only its own user window's message names N.
 """
 
 from __future__ import annotations
@@ -107,16 +112,19 @@ class ScopeCaps:
         micros: int = 0,
         approved: frozenset[str] = frozenset(),
         now: float | None = None,
+        user: str | None = None,
     ) -> CapHold:
         """Hold ``amount`` tokens and ``micros`` on every window of ``caps``, or none of them:
         ``CapReached`` when a cap would be passed, ``SoftCapReached`` when a soft threshold
-        would (unless its approval id is in ``approved``)."""
+        would (unless its approval id is in ``approved``). ``user``: the end user the task acts
+        for, who reads the refusal: a window of another scope is not measured in it."""
         now = time.time() if now is None else now
         day, hour = day_key(now), hour_of_day(now)
         taken: list[ScopeCap] = []
         try:
             for cap in caps:
-                self._hold_one(cap, amount, micros, day, hour, approved, now)
+                shown = user is None or (cap.scope, cap.name) == ("user", user)
+                self._hold_one(cap, amount, micros, day, hour, approved, now, shown)
                 taken.append(cap)
         except (CapReached, SoftCapReached):
             for cap in taken:  # give back what the earlier scopes held: the call does not go
@@ -145,8 +153,9 @@ class ScopeCaps:
         self.table.update(keys.cap_use_key(tenant, scope, name, day), Update(add=add))
 
     def _hold_one(
-        self, cap: ScopeCap, amount: int, micros: int, day: str, hour: str, approved: frozenset[str], now: float
-    ) -> None:
+        self, cap: ScopeCap, amount: int, micros: int, day: str, hour: str, approved: frozenset[str], now: float,
+        shown: bool,
+    ) -> None:  # fmt: skip
         need = {"tokens": amount, "usd": micros}
         lines = cap.limits.lines()
         period = {"hour": day + hour, "day": day}
@@ -158,7 +167,7 @@ class ScopeCaps:
         for line in lines:
             limit = line.cap if line.soft is None or not soft_active(line) else line.soft
             if need[line.metric] > limit:  # not even an empty window takes it
-                self._refuse(cap, line, 0, need[line.metric], soft_active(line), period, now)
+                self._refuse(cap, line, 0 if shown else None, need[line.metric], soft_active(line), period, now)
             name = counter(line.window, line.metric, hour)
             fits = Attr(name).not_exists() | Attr(name).lte(limit - need[line.metric])
             condition = fits if condition is None else condition & fits
@@ -179,24 +188,27 @@ class ScopeCaps:
                         limit = line.cap if not soft or line.soft is None else line.soft
                         was = int(old.get(counter(line.window, line.metric, hour), 0))
                         if was + need[line.metric] > limit:
-                            self._refuse(cap, line, was, need[line.metric], soft, period, now)
+                            self._refuse(cap, line, was if shown else None, need[line.metric], soft, period, now)
                 continue  # a settle freed room since the refusal: try again
             self._alert(cap, lines, new, hour, day)
             return
         raise CapReached(f"{cap.scope} {cap.name!r}: its window is too busy to hold on", 1, cap.scope, "hour")
 
     def _refuse(
-        self, cap: ScopeCap, line: CapLine, was: int, need: int, soft: bool, period: dict[str, str], now: float
+        self, cap: ScopeCap, line: CapLine, was: int | None, need: int, soft: bool, period: dict[str, str], now: float
     ) -> None:
+        """Raise the refusal; ``was`` (what the window holds) None: not said (the module says why)."""
+
         def unit(v: int) -> str:
             return f"${v / 1_000_000:.6f}" if line.metric == "usd" else f"{v} tokens"
 
         per = "an hour" if line.window == "hour" else "a day"
+        at = f"at {unit(was)}, " if was is not None else ""
         if soft:
             assert line.soft is not None
             raise SoftCapReached(
                 f"{cap.scope} {cap.name!r} would pass its soft threshold of {unit(line.soft)} {per} "
-                f"(at {unit(was)}, this call holds {unit(need)}): a person's approval lets it go on",
+                f"({at}this call holds {unit(need)}): a person's approval lets it go on",
                 cap.scope, line.window, period[line.window],
             )  # fmt: skip
         observe.record_budget_refusal("cap")
@@ -208,8 +220,7 @@ class ScopeCaps:
                 seconds_to_next(line.window, now), cap.scope, line.window,
             )  # fmt: skip
         raise CapReached(
-            f"{cap.scope} {cap.name!r} reached its cap of {unit(line.cap)} {per} (at {unit(was)}, this call "
-            f"holds {unit(need)})",
+            f"{cap.scope} {cap.name!r} reached its cap of {unit(line.cap)} {per} ({at}this call holds {unit(need)})",
             seconds_to_next(line.window, now), cap.scope, line.window,
         )  # fmt: skip
 

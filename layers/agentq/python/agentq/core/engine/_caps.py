@@ -163,9 +163,9 @@ class CallWindows:
     def _hold(self, s: Session, amount: int, micros: int) -> CallHold:
         window = self.tenant.hold(s.task.tenant, s.limits, amount, micros=micros) if s.limits is not None else None
         try:
-            capped = (
-                self.caps.hold(s.caps, amount, micros=micros, approved=frozenset(s.caps_approved)) if s.caps else None
-            )
+            # the task's user reads the refusal: it names no shared window's spend (storage/scope_caps.py)
+            approved, user = frozenset(s.caps_approved), s.task.user
+            capped = self.caps.hold(s.caps, amount, micros=micros, approved=approved, user=user) if s.caps else None
         except (CapReached, SoftCapReached):
             if window is not None:
                 self.tenant.settle(window, 0)
