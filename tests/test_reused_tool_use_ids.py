@@ -16,6 +16,7 @@ still read as its own call's, never as a later one's."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,13 @@ from agentq.core.models import LLMStep, Task, TaskStatus, TaskSubmission, ToolsS
 from agentq.core.policies import check
 from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
 from agentq.core.tools import ToolRegistry
+from agentq.queueing.stepfunctions import execution_name
+from agentq.runtime import build_fanout, build_registry, build_store
 from agentq.storage import keys
 from agentq.storage.container import Storage
 from agentq.storage.table import Update
+
+from tests.helpers import deployment
 
 RULE = """@id("big-charges") @effect("ask")
 @message("charges above 100 need the operator's approval")
@@ -253,3 +258,46 @@ def test_a_spawn_under_an_earlier_spawns_id_makes_its_own_children(
     assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
     results = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, ToolsStep)]
     assert [r.results[0].tool_use_id for r in results] == [SAME, SAME if reuse else "call_1"]
+
+
+# An id a gateway passes through (a prefix and a UUID): 41 characters, reused by the next turn.
+LONG = "call_9f1c2d3e-4b5a-6789-abcd-ef0123456789"
+
+
+@pytest.mark.parametrize("use_id", [LONG, SAME], ids=["long-id", "control-short-id"])
+def test_two_spawns_under_a_reused_long_tool_use_id_each_start_their_own_fanout_execution(
+    moto_server: Any, use_id: str
+) -> None:
+    """The Step Functions fan-out on the moto server: the second spawn's execution is its own,
+    not the first (ended) one that an ExecutionAlreadyExists would hand it."""
+    settings = deployment(moto_server)  # with the fan-out's state machine
+    store, registry, fanout = build_store(settings), build_registry(settings), build_fanout(settings)
+    assert fanout is not None
+    child = {"goal": "look", "tools": [], "script": {"turns": [{"text": "child done"}]}}
+    spawn = (use_id, "spawn_subagents", {"subagents": [child]})
+    task = _task(store, ["spawn_subagents"], max_tokens=400_000)
+    engine = _engine(store, registry, _Turns([spawn], [spawn]), fanout=fanout)
+    assert engine.run(task.task_id).status is TaskStatus.WAITING
+    (first,) = store.spawns.list(task.task_id)
+    for child_id in first.children:
+        assert engine.run(child_id).status is TaskStatus.SUCCEEDED
+    store.spawns.mark(task.task_id, first.spawn_id, woken=True)  # what the fan-out's end does
+    store.tasks.transition(task.task_id, TaskStatus.QUEUED)
+    assert engine.run(task.task_id).status is TaskStatus.WAITING  # the second spawn, under the same id
+    records = store.spawns.list(task.task_id)
+    assert len(records) == 2 and records[0].spawn_id != records[1].spawn_id
+    arns = [r.execution_arn for r in records]
+    assert arns[0] != arns[1], f"the second spawn was handed the first spawn's fan-out execution: {arns}"
+
+
+def test_a_fanout_execution_name_keeps_to_step_functions_rules_and_to_todays_names_for_model_ids() -> None:
+    """At most 80 characters of [A-Za-z0-9_-] (CloudWatch logs only such names); a key agentq
+    names (``agentq-<step>-<id>``) never shares a name with another, however long the id; a
+    key that is the model's id keeps the name it had, so a start begun before this naming (an
+    in-flight or zombie worker's) still finds its execution."""
+    parent = "0" * 40
+    names = {execution_name(parent, f"agentq-{step}-{LONG}") for step in range(1, 50)}
+    assert len(names) == 49
+    assert all(len(n) <= 80 and re.fullmatch(r"[A-Za-z0-9_-]+", n) for n in names)
+    assert execution_name(parent, LONG) == f"{parent[:32]}-{LONG[-40:]}"
+    assert execution_name(parent, "call_0") == f"{parent[:32]}-call_0"

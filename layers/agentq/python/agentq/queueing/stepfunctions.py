@@ -3,6 +3,7 @@ children, and report a child's end through its callback token."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -10,6 +11,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from agentq.core.call_keys import OWN_KEYS
 from agentq.core.fanout import ChildRun
 from agentq.core.models import Task, TaskStatus
 from agentq.queueing.queues import TaskQueues
@@ -18,8 +20,19 @@ log = logging.getLogger("agentq.stepfunctions")
 
 
 def execution_name(parent_id: str, spawn_id: str) -> str:
-    """Deterministic (so a retried start finds the same execution) and within SFN's 80 chars."""
-    return re.sub(r"[^A-Za-z0-9_-]", "-", f"{parent_id[:32]}-{spawn_id[-40:]}")[:80]
+    """The name of the spawn's execution: deterministic (a retried or a zombie's start answers
+    ExecutionAlreadyExists and finds the same execution), unique per spawn (the name is the
+    execution's for 90 days, ended or not), at most 80 characters of ``[A-Za-z0-9_-]`` (Step
+    Functions' limit, and the names CloudWatch logs).
+
+    A key agentq names (``agentq-<step>-<id>``, core.call_keys: a spawn under an id an earlier
+    call used) is named from its hash: its last 40 characters would drop the ``<step>`` of a
+    long id and hand the second spawn the first one's execution. Its 47-character tail is longer
+    than any other name's (at most 40), so it shares no name with one. Any other key keeps the
+    name it always had, so a start a worker began before this naming still finds its execution."""
+    own = spawn_id.startswith(OWN_KEYS)
+    tail = "q" + hashlib.sha256(spawn_id.encode()).hexdigest()[:46] if own else spawn_id[-40:]
+    return re.sub(r"[^A-Za-z0-9_-]", "-", f"{parent_id[:32]}-{tail}")[:80]
 
 
 class StepFunctionsFanout:
