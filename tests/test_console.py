@@ -881,6 +881,40 @@ def test_an_approve_of_a_call_decided_meanwhile_is_refused_and_the_next_held_cal
     assert [e for e in tab.errors if "status of 409" not in e] == []
 
 
+def test_a_call_held_under_an_id_an_earlier_call_had_is_marked_this_decision_and_decided_from_the_page(
+    console: Console, tab: Page
+) -> None:
+    """A model (a gateway passing its ids through) gives its second ask the id of its first: the
+    held call's name is ``agentq-<step>-call_0`` (core.call_keys), the turn's call is listed as
+    ``call_0``, and the page marks that call "this decision" (the view marks it ``held``) and
+    approves it by its name. Before, the mark compared the listed id with the name: nothing was
+    marked."""
+    console.fake.enqueue(
+        tool_use_reply("request_approval", {"question": "Look up the order?"}, tool_use_id="call_0"),
+        tool_use_reply("request_approval", {"question": "Refund 500 dollars?"}, tool_use_id="call_0"),
+        text_reply("refunded"),
+    )
+    body = {"goal": "refund", "provider": "anthropic", "model": "claude-haiku-4-5",
+            "constraints": {"tools": ["request_approval"]}}  # fmt: skip
+    task_id = console.submit(body)
+    first = console.until(task_id, lambda v: v["status"] == "paused")["pending_tool_use_id"]
+    assert first == "call_0"
+    assert console.http("POST", f"/tasks/{task_id}/approve", {"tool_use_id": first})[0] == 200
+    second = console.until(task_id, lambda v: v["status"] == "paused" and v["pending_tool_use_id"] != first)
+    held = second["pending_tool_use_id"]
+    assert held.startswith("agentq-") and held.endswith("-call_0"), second
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector(".approval:has-text('Refund 500 dollars?')")
+    assert "this decision" in page.inner_text('.approval .call[data-tool-use-id="call_0"]')
+    page.click("#approve")
+    page.wait_for_selector("h1 .badge.s-succeeded")
+    status, events = console.http("GET", f"/tasks/{task_id}/events?limit=200")
+    decided = [e["data"]["tool_use_id"] for e in events["events"] if e["type"] == "approval.decided"]
+    assert status == 200 and decided == [first, held], decided
+    no_errors(tab)
+
+
 def test_the_api_explorer_is_swagger_ui_over_the_generated_document_offline(console: Console, tab: Page) -> None:
     page = tab.page
     page.goto(f"{console.url}/console/explorer")

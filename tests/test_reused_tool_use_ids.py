@@ -23,9 +23,12 @@ from typing import Any
 
 import pytest
 
+from agentq.api.task_view import task_view
+from agentq.cli.views import held_call
 from agentq.control import operations
 from agentq.core.caps import CapLimits, approval_id, day_key
 from agentq.core.engine import Engine, EngineConfig
+from agentq.core.errors import IllegalTransition
 from agentq.core.models import LLMStep, Task, TaskStatus, TaskSubmission, ToolsStep, Usage
 from agentq.core.policies import check
 from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
@@ -148,6 +151,51 @@ def test_an_approval_asked_before_records_named_their_call_is_not_carried_to_a_l
     assert _charges(ledger) == []
     pending = store.approvals.pending(task.task_id)
     assert pending is not None and pending.approver == "tenant" and pending.use_id == f"agentq-3-{SAME}"
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["id-reused", "control-new-id"])
+def test_the_view_marks_the_held_call_among_the_turns_calls_and_a_decision_naming_it_decides_it(
+    store: Storage, registry: ToolRegistry, ledger: Path, reuse: bool
+) -> None:
+    """``pending_calls`` lists the model's ids; ``pending_tool_use_id`` is the name a decision
+    sends, the held call's record key (``agentq-3-call_0`` for a reused id). The listed call it
+    names is marked ``held``, so the console's "this decision" and ``agentq approve``'s ``->``
+    mark it; before, no listed call equalled the key and nothing was marked."""
+    store.policies.put("acme", "tenant", RULE, check(RULE).digest)
+    task = _task(store, ["charge_card", "request_approval"])
+    engine = _engine(store, registry, _Turns([(SAME, *QUESTION)], [(SAME if reuse else "call_1", *CHARGE)]))
+    assert engine.run(task.task_id).status is TaskStatus.PAUSED
+    _decide(store, task.task_id, by_user="mallory")
+    assert engine.run(task.task_id).status is TaskStatus.PAUSED  # now holding the charge
+    view = task_view(store, store.tasks.get(task.task_id))
+    assert [(c.tool_use_id, c.name) for c in view.pending_calls if c.held] == [(SAME if reuse else "call_1", CHARGE[0])]
+    assert view.pending_tool_use_id == (f"agentq-3-{SAME}" if reuse else "call_1")
+    assert "-> charge_card" in held_call(view)
+    _decide(store, task.task_id, tool_use_id=view.pending_tool_use_id)
+    assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
+    assert [c["amount"] for c in _charges(ledger)] == [BIG]
+
+
+def test_a_decision_naming_a_reused_id_never_decides_the_later_call_and_says_the_name_it_holds_by(
+    store: Storage, registry: ToolRegistry, ledger: Path
+) -> None:
+    """``call_0`` names two calls once the model reuses it: the question (decided) and the held
+    charge. A decision naming ``call_0`` may be a double click on the question, so it decides
+    nothing (mapping it to the held call would approve a charge nobody was shown); its 409 says
+    the held call is the one the model gave ``call_0`` again, and the name a decision of it sends."""
+    store.policies.put("acme", "tenant", RULE, check(RULE).digest)
+    task = _task(store, ["charge_card", "request_approval"])
+    engine = _engine(store, registry, _Turns([(SAME, *QUESTION)], [(SAME, *CHARGE)]))
+    assert engine.run(task.task_id).status is TaskStatus.PAUSED
+    _decide(store, task.task_id, by_user="mallory", tool_use_id=SAME)
+    assert engine.run(task.task_id).status is TaskStatus.PAUSED
+    with pytest.raises(IllegalTransition) as refused:
+        _decide(store, task.task_id, tool_use_id=SAME)
+    message = refused.value.message
+    assert refused.value.field == "tool_use_id" and "approved already" in message, message
+    assert f"'agentq-3-{SAME}'" in message and f"gave the id '{SAME}' again" in message, message
+    pending = store.approvals.pending(task.task_id)
+    assert pending is not None and pending.use_id == f"agentq-3-{SAME}" and _charges(ledger) == []
 
 
 @pytest.mark.parametrize("colliding", [True, False], ids=["id-of-the-cap-approval", "control-other-id"])

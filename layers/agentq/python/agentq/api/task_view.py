@@ -22,6 +22,7 @@ from agentq.api.models import (
     TaskView,
     TokenUsage,
 )
+from agentq.core.call_keys import is_key_of
 from agentq.core.endusers import Caller
 from agentq.core.errors import TaskNotFound
 from agentq.core.models import (
@@ -186,7 +187,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         pending = store.approvals.pending(task.task_id)
         if pending is not None:
             question, approver, pending_id = pending.question, pending.approver, pending.use_id
-        pending_calls = _pending_calls(last)
+        pending_calls = _pending_calls(last, pending_id)
     end = task.finished_at
     sub = task.submission
     return TaskView(
@@ -257,12 +258,21 @@ def fork_at_step(task: Task, last: StepRecord | None) -> int:
     return task.step - 1 if last is not None and asks_for_calls(last.body) else task.step
 
 
-def _pending_calls(last: StepRecord | None) -> list[PendingCall]:
-    """The tool calls of the last committed turn: what a paused task will do once a person decides."""
+def _pending_calls(last: StepRecord | None, held: str | None) -> list[PendingCall]:
+    """The tool calls of the last committed turn: what a paused task will do once a person
+    decides, by the model's ids. ``held``: the key of the approval pending (the view's
+    ``pending_tool_use_id``), which is ``agentq-<step>-<id>`` for a call whose id an earlier call
+    had (core.call_keys): the call it names is marked, as no listed id equals that key."""
     if last is None or not isinstance(last.body, LLMStep):
         return []
+    number = last.number
     return [
-        PendingCall(tool_use_id=use["id"], name=use["name"], input=use.get("input") or {})
+        PendingCall(
+            tool_use_id=use["id"],
+            name=use["name"],
+            input=use.get("input") or {},
+            held=held is not None and is_key_of(held, str(use["id"]), number),
+        )
         for use in last.body.tool_uses()
     ]
 

@@ -174,12 +174,14 @@ def status_block(view: TaskView) -> str:
 
 def held_call(view: TaskView) -> str:
     """What ``agentq approve|reject`` decides, shown before it sends the decision: the held
-    call's id (the decision names it, so it decides this call or nothing), the question, and
-    the turn's calls as the model asked for them (the held one marked), each on a line, cut.
+    call's name (the decision sends it, so it decides this call or nothing), the question, and
+    the turn's calls as the model asked for them (the held one marked: the one the view marks
+    ``held``, as the name is ``agentq-<step>-<id>`` for an id an earlier call had), each on a
+    line, cut.
     The model wrote all of it: a character a terminal would act on is shown as ``?``."""
     lines = [f"held call {view.pending_tool_use_id}: {cut(view.pending_approval or '', 300)}"]
     for c in view.pending_calls:
-        mark = "->" if c.tool_use_id == view.pending_tool_use_id else "  "
+        mark = "->" if c.held else "  "
         lines.append(f"  {mark} {c.name} {cut(json.dumps(c.input, ensure_ascii=False), 300)}")
     return "".join(ch if ch.isprintable() or ch == "\n" else "?" for ch in "\n".join(lines))
 

@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentq.control.validation import check_submission, parse_submission
+from agentq.core.call_keys import OWN_KEYS
 from agentq.core.endusers import NotTheApprover
 from agentq.core.engine import count_as_spent, count_batch_hold_as_spent
 from agentq.core.engine.conversation import conversation, final_text
@@ -234,7 +235,7 @@ def decide(
     if pending is None:
         raise IllegalTransition(f"task {task_id} has no pending approval", field="task_id")
     if tool_use_id is not None and tool_use_id != pending.use_id:
-        raise _not_held(task, tool_use_id, named, pending.use_id)
+        raise _not_held(task, tool_use_id, named, pending)
     if by_user is not None and not pending.may_decide(by_user):
         raise NotTheApprover(task_id, pending.use_id, by_user)
     store.approvals.decide(task_id, pending.use_id, approved=approved, note=note, by=by, by_user=by_user)
@@ -242,10 +243,16 @@ def decide(
     return store.tasks.get(task_id)
 
 
-def _not_held(task: Task, named: str, record: ApprovalRecord | None, pending: str | None) -> IllegalTransition:
+def _not_held(
+    task: Task, named: str, record: ApprovalRecord | None, pending: ApprovalRecord | None
+) -> IllegalTransition:
     """The refusal of a decision of ``named``, a call the task does not hold now (``pending``:
     the one it holds, if any): what became of it (decided already, and by whom, or never asked)
-    and what is held now, so the person looks again before deciding anything."""
+    and what is held now, so the person looks again before deciding anything.
+
+    The held call may be one the model gave ``named`` again (its key ``agentq-<step>-<named>``,
+    core.call_keys): ``named`` then names two calls, and a decision of it may be a double click
+    on the earlier one, so it decides neither; the refusal says so and names the held one's key."""
     if record is None:
         what = f"task {task.task_id} never held a call {named[:64]!r}"
     elif record.state == "pending":
@@ -253,8 +260,12 @@ def _not_held(task: Task, named: str, record: ApprovalRecord | None, pending: st
     else:
         who = record.decided_by_user or record.decided_by or "someone"
         what = f"the call {named[:64]!r} of task {task.task_id} was {record.state} already (by {who})"
-    if pending is not None:
-        now = f"it holds {pending[:64]!r} now: look at that call before deciding it"
+    if pending is not None and pending.step is not None and pending.use_id == f"{OWN_KEYS}{pending.step}-{named}":
+        now = (f"it holds {pending.use_id[:80]!r} now, a {pending.tool or 'tool'} call the model gave the id "
+               f"{named[:64]!r} again (a decision names it {pending.use_id[:80]!r}, the view's pending_tool_use_id): "
+               "look at that call before deciding it")  # fmt: skip
+    elif pending is not None:
+        now = f"it holds {pending.use_id[:64]!r} now: look at that call before deciding it"
     else:
         now = f"it is {task.status.value} now"
     return IllegalTransition(f"{what}; {now}. Nothing was changed", field="tool_use_id")

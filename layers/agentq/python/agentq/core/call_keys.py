@@ -76,6 +76,13 @@ def call_ref(use: dict[str, Any], step: StepRecord | None) -> CallRef:
     return CallRef(str(use["id"]), str(use["name"]), step.number, float(getattr(step.body, "started_at", 0.0)))
 
 
+def is_key_of(key: str, use_id: str, step: int) -> bool:
+    """Whether ``key`` (a record's) is one of the keys of the call ``use_id`` of LLM step
+    ``step``: what marks, among a turn's calls, the one an approval holds."""
+    call = CallRef(use_id, "", step, 0.0)
+    return key in (call.first, call.qualified)
+
+
 def is_cap_approval(use_id: str) -> bool:
     """An approval asked to go past a cap's soft threshold (``core.caps.approval_id``), not of a
     call. ``cap-``: one asked before those moved under ``OWN_KEYS`` (no call's key begins so)."""

@@ -248,7 +248,8 @@ function drawActions(el, v, env) {
   const act = actor(env);
   // The decision names the held call this box shows (pending_tool_use_id): if it was decided meanwhile
   // (another reviewer, a double click) and the task holds another, the API refuses (409 naming
-  // tool_use_id) rather than decide a call nobody here was shown.
+  // tool_use_id) rather than decide a call nobody here was shown. The listed call it names is the one
+  // marked held: its name is agentq-<step>-<id> when the model gave it an id an earlier call had.
   const held = v.pending_tool_use_id;
   if (v.status === "paused" && held) {
     const note = h("textarea", { id: "decision-note", rows: 2, maxlength: 4000 });
@@ -266,7 +267,7 @@ function drawActions(el, v, env) {
       v.pending_calls.length ? [
         h("p", { class: "small muted" }, "The turn's tool calls, exactly as the model asked; none runs before the decision:"),
         v.pending_calls.map((c) => h("div", { class: "call", "data-tool-use-id": c.tool_use_id },
-          h("code", {}, c.name), c.tool_use_id === held ? h("span", { class: "tag warn" }, "this decision") : null, json(c.input))),
+          h("code", {}, c.name), c.held ? h("span", { class: "tag warn" }, "this decision") : null, json(c.input))),
       ] : null,
       h("label", { for: "decision-note" }, "Note for the agent"), note,
       h("div", { class: "row" }, approve, reject)));

@@ -205,9 +205,14 @@ class LatencyView(ApiModel):
 class PendingCall(ApiModel):
     """A tool call of the turn that waits on a person's decision, exactly as the model asked for it."""
 
-    tool_use_id: str
+    tool_use_id: str = Field(description="the id the model gave the call (the id its result carries)")
     name: str
     input: dict[str, Any]
+    held: bool = Field(
+        default=False,
+        description="the call the decision decides: pending_tool_use_id names it (its tool_use_id, or "
+        "agentq-<step>-<tool_use_id> when the model gave it an id an earlier call of the task had)",
+    )
 
 
 class RetryView(ApiModel):
@@ -298,9 +303,11 @@ class TaskView(ApiModel):
     )
     pending_tool_use_id: str | None = Field(
         default=None,
-        description="the id of the held call (or agentq-cap-<scope>-<window>-<period> for a cap's soft threshold) a paused "
-        "task waits on: send it as tool_use_id with approve or reject, so the decision is of this call only; "
-        "null when nothing is pending",
+        description="the name of the held call a paused task waits on: send it as tool_use_id with approve or reject, "
+        "so the decision is of this call only. The call's tool_use_id (the pending_calls entry marked held), or "
+        "agentq-<step>-<tool_use_id> when the model gave it an id an earlier call of the task had (that id names "
+        "both, so a decision naming it decides neither), or agentq-cap-<scope>-<window>-<period> for a cap's soft "
+        "threshold; null when nothing is pending",
     )
     pending_calls: list[PendingCall] = Field(
         default_factory=list,
