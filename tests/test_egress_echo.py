@@ -82,6 +82,9 @@ class OneCredential:
     def for_host(self, host: str, port: int) -> Credential | None:
         return self.credential if self.credential.allows(host, port) else None
 
+    def bound_to(self, host: str, port: int) -> str | None:
+        return self.credential.name if self.credential.allows(host, port) else None
+
 
 @pytest.fixture(params=["bearer", "basic", "api_key"])
 def credential(request: pytest.FixtureRequest) -> Credential:

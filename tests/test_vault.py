@@ -474,6 +474,49 @@ def test_the_egress_proxy_adds_the_credential_to_plain_http_and_refuses_to_injec
     assert any("not added to a CONNECT tunnel" in r for r in proxy.refused)
 
 
+@pytest.mark.parametrize("tunnels", [1, 5])
+def test_a_connect_tunnel_which_carries_no_credential_reads_no_credential_item(
+    cipher: EnvelopeCipher, echo: EchoServer, tunnels: int
+) -> None:
+    """An https request is a CONNECT tunnel, which never carries the credential: the proxy only
+    notes that it did not add it, by the name the run's listing (read once) gives. Before, each
+    tunnel read the credential's item as a credentialed call does (a strongly consistent
+    GetItem, two for a tenant's credential) for nothing."""
+    import socket
+
+    store = memory_storage()
+    _put(store, cipher, "github", _marker(), [echo.host], user="ann")
+    source = TaskCredentials(store.vault, cipher, "t", "ann")
+    reads: list[Any] = []
+    listings: list[Any] = []
+    get, listing = store.vault.get, store.vault.listing
+
+    def counted_get(*args: Any) -> Any:
+        reads.append(args)
+        return get(*args)
+
+    def counted_listing(*args: Any) -> Any:
+        listings.append(args)
+        return listing(*args)
+
+    store.vault.get = counted_get  # type: ignore[method-assign,assignment]
+    store.vault.listing = counted_listing  # type: ignore[method-assign,assignment]
+    proxy = EgressProxy([HostRule.parse(echo.host)], FetchPolicy(allow=(HostRule.parse(echo.host),)),
+                        credentials=source)  # fmt: skip
+    try:
+        for _ in range(tunnels):
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.connect(proxy.path)
+                sock.sendall(f"CONNECT {echo.host} HTTP/1.1\r\nHost: {echo.host}\r\n\r\n".encode())
+                assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        proxy.close()
+    assert reads == [], f"{len(reads)} credential item reads for {tunnels} CONNECT tunnel(s), none of which sent it"
+    assert len(listings) == 2  # the user's listing and the tenant's, once for the run
+    notes = [r for r in proxy.refused if "'github' not added to a CONNECT tunnel" in r]
+    assert len(notes) == tunnels and proxy.injected == 0
+
+
 def test_the_egress_proxy_sends_a_credential_only_under_its_bound_hosts_name_whatever_host_the_process_names(
     cipher: EnvelopeCipher, echo: EchoServer
 ) -> None:

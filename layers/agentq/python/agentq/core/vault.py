@@ -418,7 +418,14 @@ class CredentialSource(Protocol):
         it is opened."""
         ...
 
-    def for_host(self, host: str, port: int) -> Credential | None: ...
+    def for_host(self, host: str, port: int) -> Credential | None:
+        """The credential to add to a request to ``host:port``, read as it is now; None: none is bound."""
+        ...
+
+    def bound_to(self, host: str, port: int) -> str | None:
+        """The name of the credential bound to ``host:port``, from what the run listed: nothing
+        read or opened (a ``CONNECT`` tunnel's note)."""
+        ...
 
 
 def unavailable(name: str, user: str | None, host: str | None) -> CredentialUnavailable:

@@ -115,6 +115,17 @@ class TaskCredentials:
             name = _bound(self._infos, host, port)
             return self.get(name, host, to=(host, port)) if name is not None else None
 
+    def bound_to(self, host: str, port: int) -> str | None:
+        """The name of the credential bound to ``host:port`` by the run's listing (read once),
+        no item read and nothing opened: what a ``CONNECT`` tunnel, which never carries one,
+        names in its note. A GetItem per tunnel would cost each https connection a strongly
+        consistent read (two for the tenant's credential) for a note."""
+        if self.cipher is None:
+            return None
+        if self._infos is None:
+            self._infos = self._listing()
+        return _bound(self._infos, host, port)
+
     def _listing(self) -> list[CredentialInfo]:
         mine = self.vault.listing(self.tenant, self.user) if self.user is not None else []
         names = {i.name for i in mine}

@@ -302,11 +302,11 @@ class EgressProxy:
                 fields, body = framing(header_fields(headers), version)
             upstream = self._connect(host, port)
             self._track(upstream)
-            credential = self.credentials.for_host(host, port) if self.credentials is not None else None
-            if body is None:  # CONNECT
-                if credential is not None:
+            if body is None:  # CONNECT: never carries a credential, so none is read (its name is the listing's)
+                name = self.credentials.bound_to(host, port) if self.credentials is not None else None
+                if name is not None:
                     self.refused.append(
-                        f"credential {credential.name!r} not added to a CONNECT tunnel to {host}:{port}: "
+                        f"credential {name!r} not added to a CONNECT tunnel to {host}:{port}: "
                         "the proxy cannot add a header inside TLS"
                     )
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -315,6 +315,7 @@ class EgressProxy:
             else:
                 dropped = set(DROPPED_HEADERS)
                 added: list[bytes] = []
+                credential = self.credentials.for_host(host, port) if self.credentials is not None else None
                 if credential is not None:
                     line = _header_line(credential)
                     dropped |= {line.partition(b":")[0].lower(), *TRANSFORMING_HEADERS}
