@@ -291,7 +291,8 @@ def test_payload_bucket_is_private_encrypted_tls_only_and_never_expires_a_payloa
             "LoggingConfiguration": Match.object_like({"LogFilePrefix": "payloads/"}),
             # Only unfinished uploads are aborted: no rule expires a task's payloads by their age,
             # which would lose a live task's (a conversation reopened past it); the reaper deletes
-            # them with the task.
+            # them with the task. Nor a tenant's uploads (tasks/.uploads/), which the tasks naming
+            # one read for their whole life.
             "LifecycleConfiguration": {
                 "Rules": [{"Id": "abort-incomplete-uploads", "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}, "Status": "Enabled"}]
             },
@@ -318,6 +319,24 @@ def test_payload_bucket_is_private_encrypted_tls_only_and_never_expires_a_payloa
                 },
             },
         )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "docs/ARCHITECTURE.md",
+        "docs/SANDBOX.md",
+        "layers/agentq/python/agentq/storage/workspaces.py",
+        "layers/agentq/python/agentq/control/workspaces.py",
+    ],
+)
+def test_nothing_says_an_expiry_the_payload_bucket_no_longer_has_deletes_uploads(path: str) -> None:
+    """The bucket expires nothing by age (above), so a tenant's uploaded starting files, outside
+    every task's prefix, are deleted by nothing: what is said of their retention says so, not
+    that the removed ``payload_expiration_days`` rule deletes them (as it did before 1a02168)."""
+    text = (ROOT / path).read_text()
+    stale = [c for c in ("payload_expiration_days", "bucket's expiry", "payload expiry") if c in text]
+    assert not stale, f"{path} still relies on the removed payload expiry: {stale}"
 
 
 def test_each_tier_has_an_encrypted_tls_only_queue_and_dlq_with_the_redrive_policy(

@@ -7,7 +7,8 @@ Why an upload and not a bigger submission: the submission is one DynamoDB item r
 claim, so inline files stop at ``MAX_SEED_ENCODED_BYTES``. An upload's content is stored
 content-addressed under the tenant's own prefix (``storage.workspaces.upload_prefix``), the
 submission names its manifest, and every task of the tenant that names it shares that content:
-the worker restores it from there, and its checkpoints store only what the agent changes.
+the worker restores it from there, and its checkpoints store only what the agent changes. So an
+upload is kept (``storage.workspaces.upload_prefix``): the tasks naming it read it for their life.
 """
 
 from __future__ import annotations

@@ -42,9 +42,13 @@ def manifest_key(task_id: str, digest: str) -> str:
 def upload_prefix(tenant: str) -> str:
     """A tenant's uploaded starting files: content-addressed like a task's, shared by every task
     that names the upload. Under the payload prefix, so the grants of the roles that read and
-    write workspace content (``tasks/*/workspace/*``) and the bucket's payload expiry cover them,
-    but in ``.uploads``, which no task id can be (``.`` is not in one), so no task's purge of
-    ``tasks/<id>/`` reaches them."""
+    write workspace content (``tasks/*/workspace/*``) cover them, but in ``.uploads``, which no
+    task id can be (``.`` is not in one), so no task's purge of ``tasks/<id>/`` reaches them.
+
+    Nothing deletes them, on purpose: a task looks its upload's content up for its whole life
+    (every restore, the files API, its sub-agents' lookups; never copied), and an agent's
+    definition names one for every task it will start, so no task's end and no age counted from
+    the upload is a time when none needs it (the bucket expires nothing by age: infra/data.py)."""
     return f"{keys.PAYLOAD_PREFIX}.uploads/{tenant}/workspace/"
 
 
