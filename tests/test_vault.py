@@ -147,7 +147,7 @@ KINDS = [("bearer", {}), ("api_key", {}), ("basic", {"username": "ann"})]
         ({"value": " " * 8}, "value"),
         ({"value": "function"[:4] * 4}, "value"),
         ({"value": "\u00a0-=-=\u3000=-=-\u2003"}, "value"),
-        *(({"kind": kind, "value": value, **extra}, "value") for kind, extra in KINDS for value in PADDED),
+        *(({"kind": kind, "value": value}, "value") for kind in ("bearer", "api_key") for value in PADDED),
         *(({"kind": kind, "value": value}, "value") for kind in ("bearer", "api_key") for value in NOT_VISIBLE),
     ],
 )
@@ -162,10 +162,28 @@ def test_a_bad_write_is_refused_naming_the_field_and_never_echoes_the_value(fiel
 def test_a_basic_auth_password_may_hold_any_letter_and_a_space_inside_which_base64_carries_as_it_is() -> None:
     """A bearer token or an API key goes into its header as it is, so it is visible ASCII only
     (``PADDED``, ``NOT_VISIBLE``); a password goes base64-encoded, which every server decodes as
-    it was sent. Whitespace around one is refused all the same: a server that reads it trims it."""
+    it was sent."""
     for value in ("p\u00e4ss w\u00f6rd-\u4e01", "pass word-1234"):
         write = CredentialWrite.model_validate({"kind": "basic", "username": "ann", "value": value, "hosts": ["a.io"]})
         assert write.value.get_secret_value() == value
+
+
+@pytest.mark.parametrize("value", PADDED)
+def test_a_basic_password_with_whitespace_around_it_is_taken_and_sent_whole_inside_its_base64(value: str) -> None:
+    """Whitespace around a value is refused for the kinds that go into a header as they are
+    (a server reads a field value without it); a basic password travels base64-encoded, so the
+    server decodes it whole, spaces and all. Refused at write while one stored before was still
+    sent, the rule said one thing and the sending another; now a write takes it, and it goes
+    (``header`` and ``${vault:NAME}`` alike) as it was written, its trimmed spelling redacted too
+    in case an application trims what it decoded."""
+    write = CredentialWrite.model_validate(
+        {"kind": "basic", "username": "deploy", "value": value, "hosts": ["api.example.com"]}
+    )
+    assert write.value.get_secret_value() == value
+    stored = Credential("svc", "basic", (HostBinding.parse("api.example.com"),), value, username="deploy")
+    whole = base64.b64encode(f"deploy:{value}".encode()).decode()
+    assert stored.header() == ("Authorization", f"Basic {whole}") and stored.reference_value() == whole
+    assert value.strip() in stored.secret_forms() and value in stored.secret_forms()
 
 
 # Every header a client or the egress proxy sets itself, or drops from a process's request, and

@@ -243,11 +243,6 @@ def _fits(value: SecretStr) -> SecretStr:
         raise ValueError(f"at most {MAX_VALUE_BYTES} bytes")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
         raise ValueError("no control characters (it goes into an HTTP header)")
-    if raw != raw.strip():
-        raise ValueError(
-            "no space or other whitespace before or after it: a server reads a header without it, so an echo "
-            "would spell the value otherwise, past its redaction; send the value without it"
-        )
     return value
 
 
@@ -267,8 +262,8 @@ class CredentialWrite(StrictModel):
     kind: Kind = "bearer"
     value: Annotated[SecretStr, AfterValidator(_fits)] = Field(
         description=f"the secret ({MIN_VALUE_CHARS}-{MAX_VALUE_BYTES} bytes, {MIN_DISTINCT_CHARS} different "
-        "characters or more besides spaces, no whitespace around it; a bearer token or an api_key visible ASCII "
-        "only); never readable back",
+        "characters or more besides spaces; a bearer token or an api_key visible ASCII only, so no whitespace "
+        "around or inside it; a basic password any letter, spaces too); never readable back",
     )
     hosts: Hosts
     header: Annotated[str | None, AfterValidator(_not_reserved)] = Field(
@@ -288,7 +283,16 @@ class CredentialWrite(StrictModel):
             raise ValueError("header: only an api_key names its header")
         if self.username is not None and ":" in self.username:
             raise ValueError("username: basic auth's username may not hold ':'")
-        if not sendable(self.kind, self.value.get_secret_value()):
+        raw = self.value.get_secret_value()
+        if self.kind != "basic" and raw != raw.strip():
+            # A bearer token or an API key is a header's value as it is, which a server reads
+            # without the whitespace around it: its echo would spell the value otherwise, past
+            # its redaction. A basic password goes inside base64, decoded whole: not refused.
+            raise ValueError(
+                f"value: no space or other whitespace before or after a {self.kind}: a server reads a header "
+                "without it, so an echo would spell the value otherwise, past its redaction; send the value without it"
+            )
+        if not sendable(self.kind, raw):
             raise ValueError(
                 f"value: a {self.kind} goes into a header as it is: letters, digits and ASCII punctuation only "
                 "(no space, no letter outside ASCII), which every server reads as it was sent, so its echo is "
@@ -399,8 +403,9 @@ class Credential:
         return name, self._sendable()
 
     def secret_forms(self) -> list[str]:
-        """Every text that carries the secret, for the redactor: and, for a value stored before
-        writes refused whitespace around it, the value as a reader that trims it echoes it."""
+        """Every text that carries the secret, for the redactor: and, for a value with whitespace
+        around it (a basic password; a token or key stored before writes refused that), the value
+        as a reader that trims it echoes it."""
         forms = [self.secret, self._basic() if self.kind == "basic" else self.secret]
         if self.username is not None:
             forms.append(f"{self.username}:{self.secret}")
