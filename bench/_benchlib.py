@@ -234,7 +234,9 @@ class BenchStack(LocalStack):
         self.extra_env = {**self.extra_env, "AGENTQ_BENCH_COUNTS": self.counts_dir}
 
     def spawn_worker(self, **extra_env: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(self.worker_command(), env=self.env(**extra_env), stdout=2, start_new_session=True)
+        # Started as the stack's own workers are: forked warm where the environment names a fork
+        # server (the test suite's; a bench's figures come from `make bench`, which has none).
+        proc = self._start(self.worker_command(), self.env(**extra_env), stdout=2)
         self.processes.append(proc)
         return proc
 
