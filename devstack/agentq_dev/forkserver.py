@@ -55,6 +55,9 @@ ENV_VAR = "AGENTQ_FORKSERVER"  # the socket's path, for this process and the pro
 WARM_APPS = ("dynamodb", "dynamodbstreams", "sqs", "s3", "stepfunctions", "secretsmanager", "moto_api")
 # What a worker imports before its first poll, and the model SDKs its providers import on first use.
 WARM_MODULES = ("agentq.cli.main", "agentq.worker", "agentq.runtime", "anthropic", "openai")
+# What a bench script imports to draw its PNG (bench/_plot.py): ~0.5 CPU-s once here rather than
+# in each of the ~30 benches tests/test_bench_scripts.py forks; absent without the bench extra.
+WARM_BENCH_MODULES = ("matplotlib.pyplot",)
 # The clients a worker, the API and a test make: their botocore data parsed once, here.
 WARM_CLIENTS = ("dynamodb", "s3", "sqs", "stepfunctions")
 # An answer takes milliseconds, but the first may wait for the imports (seconds; more on a loaded
@@ -199,7 +202,7 @@ def _warm() -> None:
 
     from agentq_dev import moto_app
 
-    for name in (*moto_app.WARM_UP_MODULES, *WARM_MODULES):
+    for name in (*moto_app.WARM_UP_MODULES, *WARM_MODULES, *WARM_BENCH_MODULES):
         with contextlib.suppress(Exception):
             importlib.import_module(name)
     for service in WARM_APPS:  # a service's first request builds its app: its url and response modules
