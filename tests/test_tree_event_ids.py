@@ -3,11 +3,18 @@ every event id of several trees resumes exactly the rest (live and replayed, tre
 streams, ``Last-Event-ID`` and ``?after=``), an id is the same live and replayed, the order keeps
 each task's commit order and puts a parent's ending after its sub-agents' work, and a cursor that
 is not one the API issued is a 400 naming the field that carried it, while one naming a sub-agent
-purged since resumes the rest of the tree."""
+purged since resumes the rest of the tree.
+
+Live, every id is resumed over HTTP as it arrives. Replayed, every id is resumed by what both
+routes run with it (``Watch.open``, ``read_once``) over the finished tree's items copied into the
+in-memory twin, and over HTTP from an id of each form (``_over_http``): a resume over HTTP makes
+25-60 DynamoDB calls, and every id of the trees resumed that way, twice, was some 16 of the
+file's 54 CPU-s."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -23,7 +30,8 @@ from agentq.api.events import Watch, read_once
 from agentq.api.models import TaskEvent
 from agentq.core.fanout import ChildPlan
 from agentq.core.models import TaskStatus
-from agentq.storage.container import memory_storage
+from agentq.storage.container import Storage, memory_storage
+from agentq.storage.keys import task_pk
 
 from tests.api_support import ApiStack
 from tests.helpers import call, scripted
@@ -108,13 +116,56 @@ def _ids_of(body: str) -> list[str]:
     return [b["id"] for b in _blocks(body) if "id" in b]
 
 
+def _twin(api: ApiStack, root: str) -> Storage:
+    """The tree of ``root`` (every task its spawn events name, down) as it is in the stack's
+    table, each task's partition (META, submission, claims, steps, events) and the S3 payloads
+    its items refer to, copied into the in-memory twin, which the storage conformance suite
+    holds to the table's behaviour: a finished tree's resumes read there in microseconds."""
+    source, twin = api.stack.store(), memory_storage()
+    tasks = [root]
+    for task_id in tasks:
+        head = source.events.head(task_id)
+        assert head is not None, task_id
+        tasks += [child for spawn in source.events.spawned(task_id, head.position) for child in spawn]
+        for item in source.table.query(task_pk(task_id)):
+            twin.table.put(item)
+            if "ref" in item:
+                twin.payloads.put_bytes(item["ref"], source.payloads.get_bytes(item["ref"]))
+    return twin
+
+
+def _over_http(ids: list[str]) -> list[int]:
+    """Where in ``[None, *ids]`` a resume is also made over HTTP: from none, from the first id of
+    each form (the tasks it names, and how: positions aside) and from the last two (the page
+    that is done, the stream that has nothing left)."""
+    first: dict[str, int] = {}
+    for i, event_id in enumerate(ids, 1):
+        first.setdefault(re.sub(r"[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+", "#", event_id), i)
+    return sorted({0, *first.values(), max(0, len(ids) - 1), len(ids)})
+
+
 def _assert_every_id_resumes_the_rest(api: ApiStack, task_id: str, ids: list[str], *, tree: bool) -> None:
-    """From every id (and from none) the SSE stream with Last-Event-ID returns exactly the
-    events after it; and JSON pages of one event, each asked for with ?after= the id before,
+    """From every id (and from none) the watch both routes of ``GET /tasks/{id}/events`` open
+    with it (``Watch.open``, ``read_once``: api/routes/events.py) reads exactly the events after
+    it, and a page of one holds the next one with its id as the cursor, done only at the end:
+    over the finished tree copied into the in-memory twin (``_twin``). Over HTTP, on the stack's
+    table, from the ids ``_over_http`` picks: the SSE stream with Last-Event-ID returns exactly
+    the events after it, and JSON pages of one event, each asked for with ?after= the id before,
     return the next one (a page of the rest after the middle id too)."""
+    twin = _twin(api, task_id)
+    task = twin.tasks.get(task_id)
+    starts: list[str | None] = [None, *ids]
+    for i, last in enumerate(starts):
+        rest = read_once(Watch.open(twin, task, last, tree=tree, field="after"), limit=len(ids) + 1)
+        assert [e["id"] for e in rest] == ids[i:], (task_id, last)
+        watch = Watch.open(twin, task, last, tree=tree, field="Last-Event-ID")
+        one = read_once(watch, limit=1)
+        assert ([e["id"] for e in one], watch.cursor() or None) == (ids[i : i + 1], ids[i] if i < len(ids) else last)
+        assert watch.done if i == len(ids) else not watch.done or i == len(ids) - 1, (task_id, last)
     client = Client(api.url, api.key)
     query = "?tree=true" if tree else ""
-    for i, last in enumerate([None, *ids]):
+    for i in _over_http(ids):
+        last = starts[i]
         status, body = _sse(api, f"/tasks/{task_id}/events{query}", last_id=last)
         assert (status, _ids_of(body)) == ((200, ids[i:]) if ids[i:] else (204, [])), (task_id, last)
         page = client.events(task_id, after=last, tree=tree, limit=1)
