@@ -301,6 +301,12 @@ def finished_tree(api_stack: ApiStack) -> tuple[str, list[str]]:
     return _other_tree(api_stack)
 
 
+@pytest.fixture(scope="module")
+def another_tree(api_stack: ApiStack) -> tuple[str, list[str]]:
+    """A tree other than ``finished_tree``, whose ids the latter's stream must refuse."""
+    return _other_tree(api_stack)
+
+
 BAD_TREE_IDS = [  # (what is wrong, the id made from a good one, a word the error names)
     ("another tree's", lambda root, good, other: other, "tree of task"),
     ("a sub-agent it never had", lambda root, good, other: good + "~9:0.0.2.0", "no sub-agent 9"),
@@ -320,10 +326,14 @@ BAD_TREE_IDS = [  # (what is wrong, the id made from a good one, a word the erro
 @pytest.mark.parametrize("carrier", ["after", "Last-Event-ID"])
 @pytest.mark.parametrize("accept", ["text/event-stream", "application/json"])
 def test_a_tree_id_the_api_did_not_issue_is_a_400_naming_the_field_that_carried_it(
-    api_stack: ApiStack, finished_tree: tuple[str, list[str]], accept: str, carrier: str
+    api_stack: ApiStack,
+    finished_tree: tuple[str, list[str]],
+    another_tree: tuple[str, list[str]],
+    accept: str,
+    carrier: str,
 ) -> None:
     root, ids = finished_tree
-    other = _other_tree(api_stack)[1][-1]
+    other = another_tree[1][-1]
     good = ids[ids.index(next(i for i in ids if "~1:" in i)) - 1]  # the last id naming the root alone
     for what, make, word in BAD_TREE_IDS:
         cursor = make(root, good, other)
