@@ -53,8 +53,12 @@ ENV_VAR = "AGENTQ_FORKSERVER"  # the socket's path, for this process and the pro
 # The services a local stack calls (or the tests do): their apps are built once here, so that
 # what their first request imports is imported already (each server builds its own in ~0.01 s).
 WARM_APPS = ("dynamodb", "dynamodbstreams", "sqs", "s3", "stepfunctions", "secretsmanager", "moto_api")
-# What a worker imports before its first poll, and the model SDKs its providers import on first use.
-WARM_MODULES = ("agentq.cli.main", "agentq.worker", "agentq.runtime", "anthropic", "openai")
+# What a worker imports before its first poll, and the model SDKs its providers import on first use;
+# the HTTP API and the local stack, which the tests' API processes, `agentq dev` and every bench
+# import (~0.2 CPU-s each: powertools' event handler and every route's models).
+WARM_MODULES = (
+    "agentq.cli.main", "agentq.worker", "agentq.runtime", "anthropic", "openai", "agentq.api.app", "agentq_dev.stack",
+)  # fmt: skip
 # What a bench script imports to draw its PNG (bench/_plot.py): ~0.5 CPU-s once here rather than
 # in each of the ~30 benches tests/test_bench_scripts.py forks; absent without the bench extra.
 WARM_BENCH_MODULES = ("matplotlib.pyplot",)
