@@ -12,7 +12,7 @@ test that asked for it (``AGENTQ_FORK_LOG``): a fork's /proc shows only the fork
 command line and environment. It prints the CPU seconds by kind (xdist workers: the tests'
 own code; moto servers; agentq processes; Chromium; node (the CDK's jsii); the rest) and the
 forks' CPU by test file, counting only the suite's processes (those under the command, by the
-parents seen); with the whole machine's busy CPU beside them, what no sample saw (processes
+parents seen, and the forks noted for it, under them too); with the whole machine's busy CPU beside them, what no sample saw (processes
 shorter than a sample, orphans, and other work on the machine) is their difference.
 
 A process started before the suite counts only what it spent during it. A process that forks
@@ -92,10 +92,10 @@ class Sampler(threading.Thread):
                 continue  # ended between the listing and the read
 
 
-def _descends(pid: int, root: int, parent: dict[int, int]) -> bool:
-    """Whether ``pid`` is ``root`` or under it, by the parents seen when each was first seen."""
+def _descends(pid: int, roots: set[int], parent: dict[int, int]) -> bool:
+    """Whether ``pid`` is one of ``roots`` or under one, by the parents seen when each was first seen."""
     for _ in range(64):
-        if pid == root:
+        if pid in roots:
             return True
         if pid not in parent or pid <= 1:
             return False
@@ -123,9 +123,11 @@ def kind_of(cmd: str, fork: dict[str, Any] | None) -> str:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     forks_path = Path(tempfile.mkdtemp(prefix="agentq-suite-cpu-")) / "forks.jsonl"
     command = [sys.executable, "-m", "pytest", *shlex.split(args.pytest)] if args.pytest else ["make", "test"]
-    # The suite starts a fork server of its own (one that notes its forks), even when this runs
-    # under another suite's (tests/test_bench_scripts.py).
-    env = {k: v for k, v in os.environ.items() if k not in (forkserver.ENV_VAR, "PYTEST_XDIST_WORKER")}
+    # The suite's fork server notes its forks in this file (the requester's AGENTQ_FORK_LOG). Run
+    # under another suite (tests/test_bench_scripts.py), the suite uses that suite's fork server
+    # rather than start one of its own (~6 CPU-s of imports): the forks it notes are the suite's
+    # processes too, though not under the command.
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
     env[forkserver.FORK_LOG] = str(forks_path)
     sampler = Sampler(args.every)
     busy0, started = _busy_seconds(), time.monotonic()
@@ -148,8 +150,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     processes: dict[str, int] = defaultdict(int)
     fork_cmd = "agentq_dev.forkserver"
     parent = {seen["pid"]: seen["ppid"] for seen in sampler.seen.values()}
+    roots = {proc.pid, *forks}
     for seen in sampler.seen.values():
-        if not _descends(seen["pid"], proc.pid, parent):
+        if not _descends(seen["pid"], roots, parent):
             continue  # the rest of the machine: counted in its busy CPU only
         spent = seen["cpu"] - seen["cpu0"]
         fork = forks.get(seen["pid"]) if fork_cmd in seen["cmd"] else None

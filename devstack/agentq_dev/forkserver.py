@@ -333,14 +333,15 @@ FORK_LOG = "AGENTQ_FORK_LOG"  # a file: each fork's pid, argv and test appended 
 
 
 def _note_fork(pid: int, request: dict[str, Any]) -> None:
-    """With ``AGENTQ_FORK_LOG`` set, say which test asked for the process: every fork has the
-    fork server's command line and environment in /proc, so nothing else there can tell a moto
-    server from a worker, or the test that started it (what ``bench/suite_cpu.py`` attributes
-    the suite's CPU by)."""
-    path = os.environ.get(FORK_LOG)
+    """With ``AGENTQ_FORK_LOG`` set (in the requester's environment, else in the fork server's),
+    say which test asked for the process: every fork has the fork server's command line and
+    environment in /proc, so nothing else there can tell a moto server from a worker, or the test
+    that started it (what ``bench/suite_cpu.py`` attributes the suite's CPU by). The requester's
+    first: a suite ``bench/suite_cpu.py`` runs under another suite forks from that one's server."""
+    env = request["env"]
+    path = env.get(FORK_LOG) or os.environ.get(FORK_LOG)
     if not path:
         return
-    env = request["env"]
     note = {"pid": pid, "argv": request["python"][:3], "test": env.get("PYTEST_CURRENT_TEST", "")}
     with contextlib.suppress(OSError), open(path, "a") as log_file:
         log_file.write(json.dumps(note) + "\n")
