@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentq.core.models import LLMStep, TaskStatus, TaskSubmission
+from agentq.core.models import LLMStep, Task, TaskStatus, TaskSubmission
 from agentq.runtime import Settings
 from agentq.storage.container import Storage
 from agentq.worker import run_task
@@ -44,6 +44,29 @@ def faults(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
     return dynamodb_faults.install
 
 
+def _answered_twice(
+    settings: Settings, store: Storage, fake: FakeMessagesAPI, fault: str, **extra: str
+) -> tuple[Task, dict[str, str]]:
+    """A task whose model answers twice (``ANSWER``'s usage each time), and the environment of a
+    worker that meets ``fault`` in DynamoDB (``tests.dynamodb_faults``), plus ``extra``."""
+    fake.enqueue(
+        text_reply("first answer", usage=usage_dict(**ANSWER)),
+        text_reply("second answer", usage=usage_dict(**ANSWER)),
+    )
+    sub = TaskSubmission.model_validate(
+        {"goal": "answer", "provider": "anthropic", "constraints": {"max_tokens": 5000, "max_output_tokens": 500}}
+    )
+    task = store.tasks.create(sub, tenant="t")
+    env = child_env(
+        settings,
+        **anthropic_env(fake),
+        AGENTQ_TOOL_MODULES="tests.effect_tools,tests.dynamodb_faults",
+        AGENTQ_TEST_DYNAMODB_FAULT=fault,
+        **extra,
+    )
+    return task, env
+
+
 @pytest.mark.parametrize(
     ("fault", "extra"),
     [
@@ -63,21 +86,7 @@ def test_a_call_answered_before_a_throttled_step_commit_is_charged_to_the_budget
     holds the answer, settles it as an orphan (``Answers.commit_failed``), never gives its hold
     back as unspent. The run after the outage calls again: the budget charges both, each known."""
     with FakeMessagesAPI(within_max_tokens=True) as fake:
-        fake.enqueue(
-            text_reply("first answer", usage=usage_dict(**ANSWER)),
-            text_reply("second answer", usage=usage_dict(**ANSWER)),
-        )
-        sub = TaskSubmission.model_validate(
-            {"goal": "answer", "provider": "anthropic", "constraints": {"max_tokens": 5000, "max_output_tokens": 500}}
-        )
-        task = store.tasks.create(sub, tenant="t")
-        env = child_env(
-            settings,
-            **anthropic_env(fake),
-            AGENTQ_TOOL_MODULES="tests.effect_tools,tests.dynamodb_faults",
-            AGENTQ_TEST_DYNAMODB_FAULT=fault,
-            **extra,
-        )
+        task, env = _answered_twice(settings, store, fake, fault, **extra)
         worker = run_agentq(["run-task", task.task_id, "--lease", "2"], env=env, timeout=120)
         assert "ProvisionedThroughputExceeded" in worker.stderr, worker.stderr[-3000:]
         assert len(fake.delivered_usage) == 1  # the model answered (and billed) the throttled run's call
@@ -108,21 +117,10 @@ def test_a_call_answered_before_an_outage_of_the_store_stays_held_until_the_next
     back as unspent; the next claim, after the hold's deadline, counts it as spent (its outcome
     unknown to the ledger): the budget charges at least what the provider billed."""
     with FakeMessagesAPI(within_max_tokens=True) as fake:
-        fake.enqueue(
-            text_reply("first answer", usage=usage_dict(**ANSWER)),
-            text_reply("second answer", usage=usage_dict(**ANSWER)),
-        )
-        sub = TaskSubmission.model_validate(
-            {"goal": "answer", "provider": "anthropic", "constraints": {"max_tokens": 5000, "max_output_tokens": 500}}
-        )
-        task = store.tasks.create(sub, tenant="t")
-        env = child_env(
-            settings,
-            **anthropic_env(fake),
+        task, env = _answered_twice(
+            settings, store, fake, "UpdateItem|llm_steps|1|1|down",
             AGENTQ_MAX_CALL_SECONDS="3",  # the hold's deadline: 2 s to start, 3 s of call
-            AGENTQ_TOOL_MODULES="tests.effect_tools,tests.dynamodb_faults",
-            AGENTQ_TEST_DYNAMODB_FAULT="UpdateItem|llm_steps|1|1|down",
-        )
+        )  # fmt: skip
         worker = run_agentq(["run-task", task.task_id, "--lease", "2"], env=env, timeout=180)
         assert "ProvisionedThroughputExceeded" in worker.stderr, worker.stderr[-3000:]
         assert len(fake.delivered_usage) == 1
