@@ -166,14 +166,24 @@ def test_a_reply_that_is_not_json_is_retried_and_the_next_good_one_is_used(serve
     assert response.attempts == 2 and response.content == [{"type": "text", "text": "ok"}]
 
 
-def test_tool_arguments_that_are_not_a_json_object_fail_the_task_once_the_attempts_are_spent(
-    server: FakeChatCompletions,
+@pytest.mark.parametrize(
+    ("finish", "stop"), [("length", "max_tokens"), ("tool_calls", "malformed_output"), ("stop", "malformed_output")]
+)
+def test_a_tool_call_whose_arguments_are_not_a_json_object_is_left_out_of_a_turn_that_is_no_answer(
+    server: FakeChatCompletions, finish: str, stop: str
 ) -> None:
-    server.enqueue(*[chat_completion(None, [("get_weather", {})], raw_arguments='{"city": "Par')] * 2)
-    with pytest.raises(ProviderError) as caught:
-        provider(server, attempts=2).complete(request())
-    assert caught.value.code == "malformed_response" and not caught.value.retryable
-    assert "arguments are not a JSON object" in caught.value.message
+    """Cut at the output limit (``length``) or JSON the model got wrong: the completion was read
+    whole, its usage billed, so it is the answer (one attempt, its usage), the call left out
+    (it can never be made) and the turn a cut one or a malformed one, which the engine ends the
+    task on. Before, it was retried as a reply that is not a completion, every attempt billed."""
+    calls = [("get_weather", {"city": "Oslo"}), ("get_weather", {})]
+    reply = chat_completion("Checking.", calls, finish_reason=finish, prompt_tokens=400, completion_tokens=64)
+    reply.body["choices"][0]["message"]["tool_calls"][1]["function"]["arguments"] = '{"city": "Par'
+    server.enqueue(reply, chat_completion("never read"))
+    response = provider(server, attempts=2).complete(request())
+    assert (response.attempts, response.stop_reason, response.finish_reason) == (1, stop, finish)
+    assert [(b["type"], b.get("input")) for b in response.content] == [("text", None), ("tool_use", {"city": "Oslo"})]
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (400, 64)
 
 
 def test_a_server_that_is_not_there_is_a_retryable_unreachable_error() -> None:

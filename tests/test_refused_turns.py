@@ -4,7 +4,9 @@ guardrail's ``guardrail_intervened``), and a turn cut off where the model's cont
 out (``model_context_window_exceeded``). Each was read as the final answer: the task ended
 ``succeeded`` with the refusal, or nothing, for its result, and its dependents and callback
 took it for one. Now it ends ``failed`` with a code that says which (``model_refused``,
-``context_window_exceeded``) and the provider's own word for why it stopped. The same ending
+``context_window_exceeded``) and the provider's own word for why it stopped; so does a turn whose
+tool call's arguments are not JSON (``model_output_malformed``, as Bedrock's ``malformed_tool_use``
+is). The same ending
 holds wherever a turn ends a task: a turn answered through a batch (economy), a task with an
 outcome (a refusal is never graded) and a fork at such a turn. A message accepted while such a
 turn was made is not left unread in the failed task: the model is asked again with it, the turn
@@ -77,6 +79,8 @@ ENDINGS: list[tuple[str, str, Callable[[], Any], str, str]] = [
      "model_output_malformed", "malformed_model_output"),
     ("bedrock-converse", NOVA, lambda: converse_reply("", stop_reason="malformed_tool_use"),
      "model_output_malformed", "malformed_tool_use"),
+    ("openai", GPT, lambda: chat_completion(None, [("get_weather", {})], raw_arguments='{"city": "Par'),
+     "model_output_malformed", "tool_calls"),  # arguments that are not JSON: no Bedrock word for it, as malformed
 ]  # fmt: skip
 
 
@@ -84,7 +88,8 @@ ENDINGS: list[tuple[str, str, Callable[[], Any], str, str]] = [
     ("provider", "model", "reply", "code", "said"),
     ENDINGS,
     ids=["anthropic-refusal", "openai-content_filter", "converse-guardrail", "openai-message.refusal",
-         "anthropic-context_window", "converse-malformed_output", "converse-malformed_tool_use"],
+         "anthropic-context_window", "converse-malformed_output", "converse-malformed_tool_use",
+         "openai-arguments_not_json"],
 )  # fmt: skip
 def test_a_turn_the_model_refused_or_a_filter_stopped_or_the_context_window_cut_fails_the_task_saying_which(
     provider: str,
@@ -139,23 +144,31 @@ def test_a_refusal_of_a_task_with_an_outcome_fails_it_without_grading_the_refusa
 
 
 CHARGE = {"amount_cents": 500, "memo": "m"}
-STOPPED_WITH_A_CALL: list[tuple[str, str, Callable[[], Any], Callable[[], Any]]] = [
+STOPPED_WITH_A_CALL: list[tuple[str, str, Callable[[], Any], Callable[[], Any], str]] = [
     ("anthropic", CLAUDE, lambda: message_reply([{"type": "text", "text": "I can't do that."}, {"type": "tool_use",
-     "id": "toolu_1", "name": "charge_card", "input": CHARGE}], stop_reason="refusal"), lambda: text_reply("Done.")),
+     "id": "toolu_1", "name": "charge_card", "input": CHARGE}], stop_reason="refusal"), lambda: text_reply("Done."),
+     "I can't do that."),
     ("openai", GPT, lambda: chat_completion("I can't do that.", [("charge_card", CHARGE)], finish_reason="content_filter"),
-     lambda: chat_completion("Done.")),
+     lambda: chat_completion("Done."), "I can't do that."),
     ("bedrock-converse", NOVA, lambda: converse_reply(None, [("charge_card", CHARGE)], stop_reason="malformed_tool_use"),
-     lambda: converse_reply("Done.")),
+     lambda: converse_reply("Done."), "(no answer: this turn was malformed)"),
+    ("openai", GPT, lambda: chat_completion(None, [("charge_card", CHARGE)], raw_arguments='{"amount_cents": 500, memo}'),
+     lambda: chat_completion("Done."), "(no answer: this turn was malformed)"),
+    ("openai", GPT, lambda: chat_completion(None, [("charge_card", CHARGE)], raw_arguments='{"amount_cents": 5',
+                                            finish_reason="length"), lambda: chat_completion("Done."),
+     "(no answer: this turn was cut off at the output limit)"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("provider", "model", "first", "then"), STOPPED_WITH_A_CALL,
-                         ids=["anthropic-refusal", "openai-content_filter", "converse-malformed_tool_use"])  # fmt: skip
+@pytest.mark.parametrize(("provider", "model", "first", "then", "turn_says"), STOPPED_WITH_A_CALL,
+                         ids=["anthropic-refusal", "openai-content_filter", "converse-malformed_tool_use",
+                              "openai-arguments_not_json", "openai-cut_in_a_call"])  # fmt: skip
 def test_a_message_sent_while_a_turn_with_a_tool_call_was_refused_is_answered_in_a_conversation_each_provider_takes(
     provider: str,
     model: str,
     first: Callable[[], Any],
     then: Callable[[], Any],
+    turn_says: str,
     store: Storage,
     registry: ToolRegistry,
     monkeypatch: pytest.MonkeyPatch,
@@ -163,7 +176,9 @@ def test_a_message_sent_while_a_turn_with_a_tool_call_was_refused_is_answered_in
 ) -> None:
     """The message is delivered (ARCHITECTURE 11) and the model asked again with it, the refused
     turn before it: without its tool call, which is never made (a call every provider wants
-    followed by its result), and, left with no text, saying what it was (none takes an empty turn)."""
+    followed by its result), and, left with no text, saying what it was (none takes an empty turn).
+    So is a turn whose tool call's arguments are not JSON: the model reads that its turn was
+    malformed, or cut off, and the call is made by no one."""
     ledger = tmp_path / "ledger.jsonl"
     monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
     sent: list[Any] = []
@@ -186,7 +201,7 @@ def test_a_message_sent_while_a_turn_with_a_tool_call_was_refused_is_answered_in
     said = json.dumps(asked_again)
     assert not any(word in said for word in ("tool_use", "tool_calls", "toolUse", "tool_result", "toolResult")), said
     assert [m["role"] for m in asked_again] == ["user", "assistant", "user"]
-    assert asked_again[1]["content"], asked_again[1]  # never an empty turn
+    assert turn_says in json.dumps(asked_again[1]), asked_again[1]  # never an empty turn
     assert "try it another way" in json.dumps(asked_again[2])
 
 

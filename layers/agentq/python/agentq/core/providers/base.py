@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from agentq.core.errors import CallCut, ProviderError
 from agentq.core.models import Usage
+from agentq.core.models.steps import CUT_OFF, MALFORMED, REFUSED
 
 
 class LLMRequest(BaseModel):
@@ -115,6 +116,22 @@ class StreamingProvider(Protocol):
     call whatever its end (a call that fails mid-stream streamed too)."""
 
     def streams(self, request: LLMRequest) -> bool: ...
+
+
+def unreadable_calls_stop(stop_reason: str | None) -> str:
+    """The stop reason of a reply read whole, its usage with it, that held a tool call whose input
+    is not a JSON object (the provider leaves the call out: it can never be made). Cut off (at the
+    output limit, OpenAI's ``length`` and Converse's ``max_tokens``: the call was cut mid-JSON; or
+    at the context window) or refused, it keeps its own; any other is ``malformed_output``, as
+    Bedrock's own ``malformed_tool_use`` is (the model wrote JSON that does not parse). Either way
+    the turn is no answer (``LLMStep.no_answer``): committed with its usage, so the ledger knows
+    what the provider billed, it ends the task as Anthropic's cut or malformed turn does, and none
+    of its calls is made. Raised as a ``MalformedReply``, such a reply was retried, each attempt
+    billed and its hold counted unknown, and a cut at the output limit, the same every time, failed
+    every attempt alike."""
+    if stop_reason is not None and (stop_reason in CUT_OFF or stop_reason in (REFUSED, MALFORMED)):
+        return stop_reason
+    return MALFORMED
 
 
 BATCH_PRICE_RATIO = Decimal("0.5")  # a batched call costs half the list price

@@ -21,6 +21,11 @@ events): the text so far goes to ``report_text`` (the task's live text), and the
 blocks, stop reason and usage of the events are assembled into the reply ``converse`` would
 have returned, then read by the same checks. An exception event in the stream (a throttle,
 a model error) is botocore's ``EventStreamError`` and is retried by its code like a status.
+
+A tool use whose input is not a JSON object (a stream's JSON text cut at ``max_tokens``, or
+text the model got wrong) is left out of a reply read whole, usage and all: the turn is no
+answer (``base.unreadable_calls_stop``), committed with its usage as Converse's own
+``malformed_tool_use`` is, never retried as a reply that might not have been billed.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from agentq.core.providers.base import (
     pause,
     report_text,
     stream_above,
+    unreadable_calls_stop,
 )
 from agentq.core.providers.retry import (
     MalformedReply,
@@ -248,7 +254,9 @@ class StreamedReply:
         return self._blocks.setdefault(int(event.get("contentBlockIndex", 0)), {})
 
     def whole(self) -> dict[str, Any]:
-        """The reply ``converse`` would have returned (``MalformedReply`` for tool input that is not JSON)."""
+        """The reply ``converse`` would have returned. A tool use's input that is not JSON (cut
+        where ``max_tokens`` fell) is kept as its text, which ``to_llm_response`` reads as a
+        call that cannot be made, as it would a parsed input that is not an object."""
         content: list[dict[str, Any]] = []
         for _, block in sorted(self._blocks.items()):
             if "toolUse" in block:
@@ -256,7 +264,7 @@ class StreamedReply:
                 try:
                     tool_input = json.loads(use["json"] or "{}")
                 except json.JSONDecodeError:
-                    raise MalformedReply(f"tool use {use.get('name')!r}: its input is not JSON") from None
+                    tool_input = use["json"]
                 content.append(
                     {"toolUse": {"toolUseId": use.get("toolUseId"), "name": use.get("name"), "input": tool_input}}
                 )
@@ -364,7 +372,7 @@ def _result_text(block: dict[str, Any]) -> str:
 class _ToolUse(BaseModel):
     toolUseId: str
     name: str
-    input: dict[str, Any]
+    input: Any  # a JSON object, or the call cannot be made (``to_llm_response``)
 
 
 class _ReasoningText(BaseModel):
@@ -407,7 +415,8 @@ class _Reply(BaseModel):
 
 def to_llm_response(reply: Any, model: str) -> LLMResponse:
     """The Converse reply in the engine's shape; ``MalformedReply`` when it is not one (two
-    tool uses sharing an id included: ``distinct_tool_uses``).
+    tool uses sharing an id included: ``distinct_tool_uses``). A tool use whose input is not a
+    JSON object is left out and the turn is no answer (``base.unreadable_calls_stop``).
     Converse's ``inputTokens`` excludes the cache reads and writes, as the Messages API's does."""
     try:
         parsed = _Reply.model_validate(reply)
@@ -416,9 +425,12 @@ def to_llm_response(reply: Any, model: str) -> LLMResponse:
         where = ".".join(str(p) for p in first["loc"]) or "reply"
         raise MalformedReply(f"{where}: {first['msg']}") from None
     content: list[dict[str, Any]] = []
+    unreadable = False
     for block in parsed.output.message.content:
         if block.text:
             content.append({"type": "text", "text": block.text})
+        elif block.toolUse is not None and not isinstance(block.toolUse.input, dict):
+            unreadable = True
         elif block.toolUse is not None:
             use = block.toolUse
             content.append({"type": "tool_use", "id": use.toolUseId, "name": use.name, "input": use.input})
@@ -429,9 +441,10 @@ def to_llm_response(reply: Any, model: str) -> LLMResponse:
             data = base64.b64encode(block.reasoningContent.redactedContent).decode()
             content.append({"type": "redacted_thinking", "data": data})
     usage = parsed.usage
+    stop = STOP_REASONS.get(parsed.stopReason, parsed.stopReason)
     return LLMResponse(
         content=distinct_tool_uses(content),
-        stop_reason=STOP_REASONS.get(parsed.stopReason, parsed.stopReason),
+        stop_reason=unreadable_calls_stop(stop) if unreadable else stop,
         model=model,
         finish_reason=parsed.stopReason,
         usage=Usage(

@@ -12,8 +12,11 @@ trace, its resume and a fork read the same whoever answered.
 Usage: ``prompt_tokens`` counts cached tokens too (``prompt_tokens_details.cached_tokens``);
 they are split out as cache reads, so the ledger prices them as such and the total is what the
 server billed. A reply is checked before anything reads it, as the Anthropic provider does:
-a 200 that is not a completion, or a tool call whose arguments are not a JSON object, is
-retried like an overload and fails the task once the attempts are spent.
+a 200 that is not a completion is retried like an overload and fails the task once the attempts
+are spent. A completion whose tool call's arguments are not a JSON object is one all the same,
+its usage billed: the call is left out and the turn is no answer (``base.unreadable_calls_stop``:
+``max_tokens`` when ``length`` cut the call mid-JSON, else ``malformed_output``), committed with
+its usage and never retried.
 
 A call allowed more than ``AGENTQ_STREAM_ABOVE_TOKENS`` of output is streamed (``stream=True``,
 server-sent chunks, with ``stream_options.include_usage`` so the last chunk carries the usage a
@@ -46,6 +49,7 @@ from agentq.core.providers.base import (
     pause,
     report_text,
     stream_above,
+    unreadable_calls_stop,
 )
 from agentq.core.providers.pages import parsed_or_page, streamed_page
 from agentq.core.providers.retry import (
@@ -381,15 +385,19 @@ class _Completion(BaseModel):
 
 def to_llm_response(completion: Any) -> LLMResponse:
     """The completion in the engine's shape; ``MalformedReply`` when it is not one (the SDK
-    does not check a 200's shape), when a tool call's arguments are not a JSON object, or when
-    two tool calls share an id (``distinct_tool_uses``)."""
+    does not check a 200's shape), or when two tool calls share an id (``distinct_tool_uses``).
+    A tool call whose arguments are not a JSON object is left out (``completion_response``)."""
     if not isinstance(completion, BaseModel):
         raise MalformedReply(f"a JSON {type(completion).__name__}, not an object")
     return completion_response(completion.model_dump(exclude_none=True, warnings=False))
 
 
 def completion_response(data: dict[str, Any]) -> LLMResponse:
-    """A completion as plain data (a whole one dumped, or a stream's assembled) in the engine's shape."""
+    """A completion as plain data (a whole one dumped, or a stream's assembled) in the engine's
+    shape. A tool call whose arguments are not a JSON object (cut at the output limit, or JSON
+    the model got wrong) is left out, never made, and the turn is no answer
+    (``base.unreadable_calls_stop``): the reply was read whole, so it is committed with the
+    usage the server billed, not retried as if it might not have been."""
     try:
         reply = _Completion.model_validate(data)
     except pydantic.ValidationError as exc:
@@ -400,13 +408,15 @@ def completion_response(data: dict[str, Any]) -> LLMResponse:
     content: list[dict[str, Any]] = []
     if choice.message.content:
         content.append({"type": "text", "text": choice.message.content})
+    unreadable = False
     for call in choice.message.tool_calls or []:
         try:
             arguments = json.loads(call.function.arguments or "{}")
         except json.JSONDecodeError:
             arguments = None
         if not isinstance(arguments, dict):
-            raise MalformedReply(f"tool call {call.function.name!r}: arguments are not a JSON object")
+            unreadable = True
+            continue
         content.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": arguments})
     stop = STOP_REASONS.get(choice.finish_reason or "", choice.finish_reason)
     if choice.message.refusal:  # read as an answer, its text dropped, it ended the task succeeded with nothing
@@ -414,6 +424,8 @@ def completion_response(data: dict[str, Any]) -> LLMResponse:
         stop = "refusal"
     if stop == "end_turn" and any(b["type"] == "tool_use" for b in content):
         stop = "tool_use"  # some servers (Ollama) say "stop" for a turn that calls tools
+    if unreadable:
+        stop = unreadable_calls_stop(stop)
     usage = reply.usage
     cached = min((usage.prompt_tokens_details.cached_tokens or 0) if usage.prompt_tokens_details else 0,
                  usage.prompt_tokens)  # fmt: skip
