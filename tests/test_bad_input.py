@@ -116,7 +116,7 @@ def test_a_model_with_no_price_is_refused_rather_than_charged_nothing(store: Sto
     assert err.value.field == "model"
     assert err.value.message.startswith("model: no price for 'claude-nova-9'") and "AGENTQ_PRICES" in err.value.message
     assert _items(store) == []
-    # dated and Bedrock ids of a priced model are priced by its prefix
+    # dated and Bedrock ids of a priced model are priced by its key
     for model in ("claude-sonnet-4-5-20250929", "us.anthropic.claude-haiku-4-5-20251001-v1:0"):
         submit(store, registry, {**body, "model": model}, tenant="t")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from decimal import Decimal
 from pathlib import Path
 
@@ -79,21 +80,35 @@ class ModelPrice(BaseModel):
         return total / MILLION
 
 
-class PriceTable(RootModel[dict[str, ModelPrice]]):
-    """Model id (or a prefix of it) -> price. The longest matching prefix wins, so
-    ``claude-sonnet-4-5`` also prices ``claude-sonnet-4-5-20250929`` and Bedrock ids (an
-    inference profile's region prefix and Claude's ``anthropic.`` are not part of the key:
-    ``us.amazon.nova-pro-v1:0`` is priced as ``amazon.nova-pro``)."""
+# What may follow a priced model's id and still name that model: a snapshot's date (OpenAI's
+# ``-2024-08-06``, Anthropic's ``-20250929``), then a Bedrock version (``-v1:0``; gpt-oss's
+# ``-1:0``) and a provisioned context (``:300k``), or ``-latest``. Anything else names another
+# model (``gpt-5-pro`` is not ``gpt-5``), priced by its own key or not at all.
+VERSION_SUFFIX = re.compile(r"(?:-\d{4}-\d{2}-\d{2}|-\d{8})?(?:-v\d+(?::\d+)?|-\d+:\d+)?(?::\d+k)?|-latest")
 
-    def price_for(self, model: str) -> ModelPrice | None:
+
+class PriceTable(RootModel[dict[str, ModelPrice]]):
+    """Model id -> price. A key prices the id it spells, and that id with a version suffix
+    (``VERSION_SUFFIX``): ``claude-sonnet-4-5`` prices ``claude-sonnet-4-5-20250929`` and Bedrock's
+    ``us.anthropic.claude-sonnet-4-5-20250929-v1:0`` (an inference profile's region prefix, an
+    ARN's path and Claude's ``anthropic.`` are not part of the key: ``us.amazon.nova-pro-v1:0``
+    is priced as ``amazon.nova-pro``). Never a sibling: any suffix used to pass, and gpt-5-pro
+    ($15/$120) was priced as gpt-5 ($1.25/$10), a money cap 12x short of the bill
+    (``tests/test_pricing.py``); a model with no key of its own is refused at submission."""
+
+    def key_for(self, model: str) -> str | None:
+        """The key that prices ``model`` (the same key: the same model, whatever its date)."""
         name = model_family(model)
         if name.startswith("anthropic."):
             name = name.split("anthropic.", 1)[1]
-        best: tuple[int, ModelPrice] | None = None
-        for key, price in self.root.items():
-            if name.startswith(key) and (best is None or len(key) > best[0]):
-                best = (len(key), price)
-        return best[1] if best else None
+        if name in self.root:
+            return name
+        matched = [key for key in self.root if name.startswith(key) and VERSION_SUFFIX.fullmatch(name[len(key) :])]
+        return max(matched, key=len) if matched else None
+
+    def price_for(self, model: str) -> ModelPrice | None:
+        key = self.key_for(model)
+        return self.root[key] if key is not None else None
 
     def dearest(self, models: list[str]) -> ModelPrice | None:
         """A price no call to any of ``models`` can cost more than, rate by rate: what a hold
@@ -130,14 +145,33 @@ def _flat(input_: str, output: str, cached: str | None) -> dict[str, str]:
             "cache_write_1h_per_mtok": input_, "cache_read_per_mtok": cached or input_}  # fmt: skip
 
 
+# Each model by its own id: a key prices only its dated and Bedrock ids (``VERSION_SUFFIX``),
+# so a family member (claude-opus-4-6, gpt-5-nano) is a key of its own, at its own price.
 DEFAULT_PRICES: dict[str, dict[str, str]] = {
-    "claude-opus-4": {"input_per_mtok": "15", "output_per_mtok": "75"},
-    "claude-opus-4-5": {"input_per_mtok": "5", "output_per_mtok": "25"},
-    "claude-sonnet-4": {"input_per_mtok": "3", "output_per_mtok": "15"},
-    "claude-3-7-sonnet": {"input_per_mtok": "3", "output_per_mtok": "15"},
-    "claude-haiku-4-5": {"input_per_mtok": "1", "output_per_mtok": "5"},
-    "claude-3-5-haiku": {"input_per_mtok": "0.8", "output_per_mtok": "4"},
-    # Provider openai (list prices; cached input as OpenAI bills it, writes at no surcharge).
+    # Anthropic's list prices (https://platform.claude.com/docs/en/about-claude/pricing and each
+    # model's overview page, read 2026-12-07); cache writes and reads at ModelPrice's defaults.
+    **{
+        model: {"input_per_mtok": input_, "output_per_mtok": output}
+        for model, (input_, output) in {
+            "claude-opus-4": ("15", "75"),
+            "claude-opus-4-0": ("15", "75"),
+            "claude-opus-4-1": ("15", "75"),
+            "claude-opus-4-5": ("5", "25"),
+            "claude-opus-4-6": ("5", "25"),
+            "claude-opus-4-7": ("5", "25"),
+            "claude-opus-4-8": ("5", "25"),
+            "claude-sonnet-4": ("3", "15"),
+            "claude-sonnet-4-0": ("3", "15"),
+            "claude-sonnet-4-5": ("3", "15"),
+            "claude-sonnet-4-6": ("3", "15"),
+            "claude-3-7-sonnet": ("3", "15"),
+            "claude-haiku-4-5": ("1", "5"),
+            "claude-3-5-haiku": ("0.8", "4"),
+        }.items()
+    },
+    # Provider openai: OpenAI's list prices (https://developers.openai.com/api/docs/pricing and
+    # each model's page, read 2026-12-07); cached input as OpenAI bills it (a model it lists no
+    # cached price for bills it as input), writes at no surcharge.
     **{
         model: _flat(input_, output, cached)
         for model, (input_, output, cached) in {
@@ -145,9 +179,12 @@ DEFAULT_PRICES: dict[str, dict[str, str]] = {
             "gpt-4.1-mini": ("0.4", "1.6", "0.1"),
             "gpt-4.1-nano": ("0.1", "0.4", "0.025"),
             "gpt-4o": ("2.5", "10", "1.25"),
+            "gpt-4o-2024-05-13": ("5", "15", None),  # the first gpt-4o snapshot, at its own price
             "gpt-4o-mini": ("0.15", "0.6", "0.075"),
             "gpt-5": ("1.25", "10", "0.125"),
             "gpt-5-mini": ("0.25", "2", "0.025"),
+            "gpt-5-nano": ("0.05", "0.4", "0.005"),
+            "gpt-5-pro": ("15", "120", None),
             "o4-mini": ("1.1", "4.4", "0.275"),
         }.items()
     },
