@@ -110,6 +110,14 @@ class PriceTable(RootModel[dict[str, ModelPrice]]):
         key = self.key_for(model)
         return self.root[key] if key is not None else None
 
+    def same_model(self, one: str, other: str) -> bool:
+        """Whether two ids name one model: spelled alike, or priced by one key (a dated id, a
+        Bedrock one): ``gpt-4.1-mini-2025-04-14`` is ``gpt-4.1-mini``, ``gpt-4.1`` is not."""
+        if model_family(one) == model_family(other):
+            return True
+        key = self.key_for(one)
+        return key is not None and key == self.key_for(other)
+
     def dearest(self, models: list[str]) -> ModelPrice | None:
         """A price no call to any of ``models`` can cost more than, rate by rate: what a hold
         for a task with fallbacks is sized on, so whichever model answers, the hold covers it.

@@ -66,7 +66,7 @@ from agentq.core.models import (
 from agentq.core.output import answer_of
 from agentq.core.policies import ALLOWED, PolicyCall, Verdict
 from agentq.core.ports import EffectLog, QualityBook
-from agentq.core.pricing import PriceTable
+from agentq.core.pricing import PriceTable, dollars
 from agentq.core.providers import LLMProvider, LLMRequest, ProviderFactory
 from agentq.core.providers.base import RemoteProvider, StreamingProvider
 from agentq.core.records import EffectRecord
@@ -272,7 +272,9 @@ class GradeTurn:
         except GradeError as exc:
             took = int((time.time() - started) * 1000)
             return GradeCheck(kind="rubric", name=name, feedback=exc.message, duration_ms=took), exc.to_dict()
-        cost = call_cost(self.prices, provider, response.model or model, model, response)
+        held = s.task.inflight  # the grading call's hold, priced at the grading model's price
+        cost = call_cost(self.prices, provider, response.model or model, model, response,
+                         most=dollars(held.micros) if held else None, task_id=s.task_id)  # fmt: skip
         took = int((time.time() - started) * 1000)
         text = "\n".join(b["text"] for b in response.content if b.get("type") == "text" and b.get("text"))
         spent = {"usage": response.usage, "cost_usd": cost, "duration_ms": took}

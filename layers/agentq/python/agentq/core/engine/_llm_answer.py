@@ -14,7 +14,7 @@ from agentq.core.context import resumed_goal
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._history import task_tools
 from agentq.core.engine._holds import forgetting
-from agentq.core.engine._llm_call import Call, call_cost, settling
+from agentq.core.engine._llm_call import Call, call_cost, settling, task_models
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
 from agentq.core.engine.conversation import assistant_turn, final_text
@@ -25,7 +25,7 @@ from agentq.core.models import CallStep, CompactStep, LLMStep, TaskStatus, TaskS
 from agentq.core.models.steps import MALFORMED, REFUSED
 from agentq.core.output import answer_of, feedback
 from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases, TenantWindowsPort
-from agentq.core.pricing import PriceTable
+from agentq.core.pricing import PriceTable, dollars
 from agentq.core.providers import LLMResponse
 from agentq.core.providers.base import BATCH_PRICE_RATIO
 from agentq.core.records import BudgetDelta, OrphanReason
@@ -130,7 +130,12 @@ class Answers:
     def answered(self, s: Session, call: Call, response: LLMResponse) -> tuple[LLMStep | CompactStep, BudgetDelta]:
         """``call``'s answer as the step it makes, and the settlement of its hold with what it used."""
         request, route, sub = call.asked, call.route, s.task.submission
-        cost = call_cost(self.prices, sub.provider, response.model or request.model, request.model, response)
+        held = s.task.inflight
+        # The most the call may be charged (a reply naming a model the task did not): what its
+        # hold took, before a batch's discount, so the discounted cost stays within the hold.
+        most = dollars(held.micros) / (BATCH_PRICE_RATIO if s.economy else 1) if held else None
+        cost = call_cost(self.prices, sub.provider, response.model or request.model, request.model, response,
+                         named=task_models(sub), most=most, task_id=s.task_id)  # fmt: skip
         if s.economy:
             cost = cost * BATCH_PRICE_RATIO
         started = call.started
@@ -148,7 +153,6 @@ class Answers:
             provider=route.provider(sub),
             fallback_from=route.fallback,
         )
-        held = s.task.inflight
         settle = BudgetDelta(
             reserved=call.reserved,
             used=response.usage.total,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -30,10 +31,10 @@ from agentq.core.engine._stops import timeout_at
 from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
 from agentq.core.errors import CallCut, LeaseLost, ProviderError
-from agentq.core.models import LLMStep, RetryState, TaskStatus, Usage
+from agentq.core.models import LLMStep, RetryState, TaskStatus, TaskSubmission, Usage
 from agentq.core.policies import Verdict
 from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases
-from agentq.core.pricing import PriceTable, micros
+from agentq.core.pricing import PriceTable, dollars, micros
 from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory
 from agentq.core.providers.base import (
     RemoteProvider,
@@ -107,16 +108,45 @@ class NoHoldForRetry(ProviderError):
         )  # fmt: skip
 
 
-def call_cost(prices: PriceTable, provider: str, answered: str, asked: str, response: LLMResponse) -> Decimal:
-    """The call's cost, priced by the model that answered, else by the one asked for (a
-    submission names a priced model: ``check_submission``). Never $0 without a word."""
-    for model in (answered, asked):
-        if prices.price_for(model) is not None:
-            return prices.cost(model, response.usage)
-    if provider != "scripted":
-        log.warning("no price for model %r (nor %r): this call is recorded at $0; add it to AGENTQ_PRICES",
-                    answered, asked)  # fmt: skip
-    return Decimal(0)
+def task_models(sub: TaskSubmission) -> list[str]:
+    """The models a task names: its own and its fallbacks' (any of them may answer its calls)."""
+    return [sub.model, *(f.model for f in sub.fallbacks)]
+
+
+def call_cost(
+    prices: PriceTable, provider: str, answered: str, asked: str, response: LLMResponse,
+    *, named: Sequence[str] = (), most: Decimal | None = None, task_id: str = "",
+) -> Decimal:  # fmt: skip
+    """The call's cost. Priced by the model that answered when it is the one asked (or a dated
+    id of it) or another the task named (``named``: its fallbacks, whose hold is sized on the
+    dearest of them, so it covers whichever answers); else by the one asked for (a submission
+    names a priced model: ``check_submission``). Never $0 without a word.
+
+    A reply naming a model the task never named (a gateway or router answering in another
+    model than asked) may be billed at either model's price: it is charged the dearer of the
+    two, but never more than ``most``, the money its hold took (before a batch's discount), so
+    ``usd_used <= usd_cap`` holds whichever it is; a warning names both models, and what the
+    dearer price came to past the hold. Before, it was priced as the model the reply named: a
+    task on gpt-4.1-mini answered as gpt-4.1 used $0.000572 of a $0.000200 cap."""
+    usage = response.usage
+    if any(prices.same_model(answered, model) for model in (asked, *named)) and prices.price_for(answered):
+        return prices.cost(answered, usage)
+    priced = [prices.cost(model, usage) for model in (answered, asked) if prices.price_for(model) is not None]
+    if not priced:
+        if provider != "scripted":
+            log.warning("no price for model %r (nor %r): this call is recorded at $0; add it to AGENTQ_PRICES",
+                        answered, asked)  # fmt: skip
+        return Decimal(0)
+    cost = max(priced)
+    if prices.same_model(answered, asked):
+        return cost  # an unpriced spelling of the model asked: its price
+    charged = min(cost, most) if most is not None else cost
+    past = f"; ${cost - charged} past the call's hold is not counted" if charged < cost else ""
+    log.warning("task %s: the call for %r was answered by %r, a model the task did not name: charged $%s, "
+                "the dearer of the two models' prices%s", task_id, asked, answered, charged, past)  # fmt: skip
+    observe.otel.event("agentq.model_substituted", {"agentq.asked_model": asked, "agentq.answered_model": answered,
+                                                    "agentq.cost_usd": str(charged), "agentq.priced_usd": str(cost)})  # fmt: skip
+    return charged
 
 
 class ModelCall:
@@ -267,7 +297,7 @@ class ModelCall:
                 response = call_until(
                     timeout_at(s),
                     lambda: provider.complete(request),
-                    lambda late: self.late(cut, request, late, started, sub.provider),
+                    lambda late: self.late(cut, request, late, started, sub),
                 )
             finally:
                 s.held.live_text = None
@@ -313,14 +343,20 @@ class ModelCall:
         # write of the session would bring the spent hold back into it.
         return finish_without_step(self.tasks, self.holds, s, TaskStatus.TIMED_OUT, note=note, release=False)
 
-    def late(self, cut: CutCall, request: LLMRequest, response: LLMResponse, started: float, provider: str) -> None:
+    def late(
+        self, cut: CutCall, request: LLMRequest, response: LLMResponse, started: float, sub: TaskSubmission
+    ) -> None:
         """The answer of a call cut at the task's timeout, come after all: charged as an orphan."""
+        provider, model = sub.provider, response.model or request.model
+        most = dollars(cut.hold.micros) if cut.hold else None  # the most it may be charged: its hold
+        cost = call_cost(self.prices, provider, model, request.model, response, named=task_models(sub), most=most,
+                         task_id=cut.task_id)  # fmt: skip
         step = LLMStep(
             content=response.content,
             stop_reason=response.stop_reason,
-            model=response.model or request.model,
+            model=model,
             usage=response.usage,
-            cost_usd=call_cost(self.prices, provider, response.model or request.model, request.model, response),
+            cost_usd=cost,
             reserved_tokens=cut.hold.amount if cut.hold else 0,
             attempts=response.attempts,
             started_at=started,
