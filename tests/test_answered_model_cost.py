@@ -1,12 +1,13 @@
-"""Invariant 4's money: a call is charged by the model the reply names only where its hold
-covers that model, so a gateway or router answering in another model than asked never takes the
-money used past the cap. Through the real ``openai`` SDK against the local Chat Completions
-server, the engine on the in-memory store.
+"""Invariant 4's money: a call is charged by the model the reply names where its hold covers
+that model, and where it does not (a gateway or router answering in another model than asked),
+at the dearer of that model's price and the asked one's, whole: the ledger never says less than
+may have been billed, and a warning says by how much the cap was passed. Through the real
+``openai`` SDK against the local Chat Completions server, the engine on the in-memory store.
 
 The hold is priced on the task's models (``_holds._price``: its own, or with fallbacks the
-dearest of them); the settlement used to be priced on whatever model the reply named
-(``_llm_call.call_cost``): a task on gpt-4.1-mini with a $0.0002 cap, answered as gpt-4.1, used
-$0.000572."""
+dearest of them); the settlement used to be priced on whatever model the reply named, without
+a word (``_llm_call.call_cost``), and a cheaper one named was charged less than the model asked.
+"""
 
 from __future__ import annotations
 
@@ -58,18 +59,18 @@ def _substitution_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "a model the task did not name" in r.getMessage()]
 
 
-def test_a_reply_that_names_a_dearer_model_never_takes_the_money_used_past_the_cap(
+def test_a_reply_that_names_a_dearer_model_past_the_hold_is_charged_that_price_whole_and_said_to_pass_the_cap(
     store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Charged the dearer of the two models' prices (gpt-4.1's: the gateway may bill the model
-    it used), but no more than the call's hold, the most the cap let it spend; a warning names
-    both models and what was left uncounted past the hold."""
+    """Charged gpt-4.1's price (the gateway may bill the model it used), never clamped to the
+    hold: the ledger says what may have been billed, and the next hold is refused. A warning
+    names both models and what was charged past the hold."""
     caplog.set_level(logging.WARNING, logger="agentq.engine")
     budget = _answered_as(store, registry, monkeypatch, FULL, money=0.0002)
-    assert budget.used_micros <= budget.cap_micros == 200
-    assert _cost(MINI) < budget.used_micros < _cost(FULL)  # the whole hold: the dearer price, up to the cap
+    assert budget.used_micros == _cost(FULL) > budget.cap_micros == 200
+    assert budget.available_micros < 0  # no further hold fits: the task stops spending
     (warning,) = _substitution_warnings(caplog)
-    assert f"'{MINI}'" in warning and f"'{FULL}'" in warning and "past the call's hold is not counted" in warning
+    assert f"'{MINI}'" in warning and f"'{FULL}'" in warning and "past the call's hold" in warning
 
 
 def test_a_reply_that_names_a_dearer_model_within_the_hold_is_charged_that_models_price(

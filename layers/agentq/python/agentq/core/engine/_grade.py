@@ -274,7 +274,7 @@ class GradeTurn:
             return GradeCheck(kind="rubric", name=name, feedback=exc.message, duration_ms=took), exc.to_dict()
         held = s.task.inflight  # the grading call's hold, priced at the grading model's price
         cost = call_cost(self.prices, provider, response.model or model, model, response,
-                         most=dollars(held.micros) if held else None, task_id=s.task_id)  # fmt: skip
+                         hold_usd=dollars(held.micros) if held else None, task_id=s.task_id)  # fmt: skip
         took = int((time.time() - started) * 1000)
         text = "\n".join(b["text"] for b in response.content if b.get("type") == "text" and b.get("text"))
         spent = {"usage": response.usage, "cost_usd": cost, "duration_ms": took}

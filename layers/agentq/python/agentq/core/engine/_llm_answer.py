@@ -131,11 +131,11 @@ class Answers:
         """``call``'s answer as the step it makes, and the settlement of its hold with what it used."""
         request, route, sub = call.asked, call.route, s.task.submission
         held = s.task.inflight
-        # The most the call may be charged (a reply naming a model the task did not): what its
-        # hold took, before a batch's discount, so the discounted cost stays within the hold.
-        most = dollars(held.micros) / (BATCH_PRICE_RATIO if s.economy else 1) if held else None
+        # What the call's hold took, before a batch's discount (a reply naming a model the task
+        # did not may be charged past it: the warning says by how much).
+        hold_usd = dollars(held.micros) / (BATCH_PRICE_RATIO if s.economy else 1) if held else None
         cost = call_cost(self.prices, sub.provider, response.model or request.model, request.model, response,
-                         named=task_models(sub), most=most, task_id=s.task_id)  # fmt: skip
+                         named=task_models(sub), hold_usd=hold_usd, task_id=s.task_id)  # fmt: skip
         if s.economy:
             cost = cost * BATCH_PRICE_RATIO
         started = call.started

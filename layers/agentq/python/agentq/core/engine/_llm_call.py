@@ -115,7 +115,7 @@ def task_models(sub: TaskSubmission) -> list[str]:
 
 def call_cost(
     prices: PriceTable, provider: str, answered: str, asked: str, response: LLMResponse,
-    *, named: Sequence[str] = (), most: Decimal | None = None, task_id: str = "",
+    *, named: Sequence[str] = (), hold_usd: Decimal | None = None, task_id: str = "",
 ) -> Decimal:  # fmt: skip
     """The call's cost. Priced by the model that answered when it is the one asked (or a dated
     id of it) or another the task named (``named``: its fallbacks, whose hold is sized on the
@@ -124,10 +124,13 @@ def call_cost(
 
     A reply naming a model the task never named (a gateway or router answering in another
     model than asked) may be billed at either model's price: it is charged the dearer of the
-    two, but never more than ``most``, the money its hold took (before a batch's discount), so
-    ``usd_used <= usd_cap`` holds whichever it is; a warning names both models, and what the
-    dearer price came to past the hold. Before, it was priced as the model the reply named: a
-    task on gpt-4.1-mini answered as gpt-4.1 used $0.000572 of a $0.000200 cap."""
+    two, whole, so the ledger never says less than may have been billed (a settlement is never
+    clamped: ARCHITECTURE 4). Its hold was sized on the models the task named, so the dearer
+    price may pass ``hold_usd``, the money that hold took (before a batch's discount), and
+    ``usd_used`` then passes ``usd_cap`` by the difference, as a request denser than its
+    estimate does: the task's next hold is refused. A warning and a span event name both models
+    and what was charged past the hold. Before, it was priced as the model the reply named
+    without a word, and a cheaper one named was charged less than the model asked."""
     usage = response.usage
     if any(prices.same_model(answered, model) for model in (asked, *named)) and prices.price_for(answered):
         return prices.cost(answered, usage)
@@ -140,13 +143,13 @@ def call_cost(
     cost = max(priced)
     if prices.same_model(answered, asked):
         return cost  # an unpriced spelling of the model asked: its price
-    charged = min(cost, most) if most is not None else cost
-    past = f"; ${cost - charged} past the call's hold is not counted" if charged < cost else ""
+    past = cost - hold_usd if hold_usd is not None and cost > hold_usd else Decimal(0)
+    beyond = f", ${past} of it past the call's hold: used may pass the cap by that" if past else ""
     log.warning("task %s: the call for %r was answered by %r, a model the task did not name: charged $%s, "
-                "the dearer of the two models' prices%s", task_id, asked, answered, charged, past)  # fmt: skip
+                "the dearer of the two models' prices%s", task_id, asked, answered, cost, beyond)  # fmt: skip
     observe.otel.event("agentq.model_substituted", {"agentq.asked_model": asked, "agentq.answered_model": answered,
-                                                    "agentq.cost_usd": str(charged), "agentq.priced_usd": str(cost)})  # fmt: skip
-    return charged
+                                                    "agentq.cost_usd": str(cost), "agentq.past_hold_usd": str(past)})  # fmt: skip
+    return cost
 
 
 class ModelCall:
@@ -348,8 +351,8 @@ class ModelCall:
     ) -> None:
         """The answer of a call cut at the task's timeout, come after all: charged as an orphan."""
         provider, model = sub.provider, response.model or request.model
-        most = dollars(cut.hold.micros) if cut.hold else None  # the most it may be charged: its hold
-        cost = call_cost(self.prices, provider, model, request.model, response, named=task_models(sub), most=most,
+        hold_usd = dollars(cut.hold.micros) if cut.hold else None  # what its hold took
+        cost = call_cost(self.prices, provider, model, request.model, response, named=task_models(sub), hold_usd=hold_usd,
                          task_id=cut.task_id)  # fmt: skip
         step = LLMStep(
             content=response.content,
