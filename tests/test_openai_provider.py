@@ -104,6 +104,36 @@ def test_cached_prompt_tokens_are_counted_as_cache_reads_not_twice(server: FakeC
     assert usage.input_total == 1000  # what the server billed as prompt tokens, once
 
 
+@pytest.mark.parametrize("max_tokens", [1000, 32_000], ids=["whole", "streamed"])
+@pytest.mark.parametrize(
+    ("completion_tokens", "cached"),
+    [(2, None), (2, 6), (389, None)],
+    ids=["reasoning_outside_completion", "outside_with_cached_prompt", "reasoning_inside_completion"],
+)
+def test_reasoning_tokens_a_server_counts_outside_completion_tokens_are_charged_as_output(
+    server: FakeChatCompletions,
+    monkeypatch: pytest.MonkeyPatch,
+    max_tokens: int,
+    completion_tokens: int,
+    cached: int | None,
+) -> None:
+    """xAI's Chat Completions (and Gemini's OpenAI-compatible endpoint) count a reasoning model's
+    thinking apart from ``completion_tokens`` and bill it as output: ``total_tokens`` is prompt +
+    completion + reasoning. OpenAI's own counts it inside (total = prompt + completion). The
+    output is what the total holds past the prompt (cached prompt tokens are inside
+    ``prompt_tokens`` in both), so 387 billed reasoning tokens are charged whichever way the
+    server counts them; reading ``completion_tokens`` alone charged 2."""
+    monkeypatch.setenv("AGENTQ_STREAM_ABOVE_TOKENS", "8192")
+    reply = chat_completion("4", prompt_tokens=10, completion_tokens=completion_tokens, cached_tokens=cached)
+    reply.body["usage"].update(total_tokens=399, completion_tokens_details={"reasoning_tokens": 387})
+    server.enqueue(reply)
+    answer = provider(server).complete(request().model_copy(update={"model": "grok-3-mini", "max_tokens": max_tokens}))
+    usage = answer.usage
+    assert answer.streamed == (max_tokens > 8192)
+    assert (usage.input_total, usage.output_tokens, usage.total) == (10, 389, 399)
+    assert usage.cache_read_input_tokens == (cached or 0)
+
+
 @pytest.mark.parametrize(
     ("finish", "calls", "stop"),
     [("length", None, "max_tokens"), ("content_filter", None, "refusal"),

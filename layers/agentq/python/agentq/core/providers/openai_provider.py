@@ -11,12 +11,14 @@ trace, its resume and a fork read the same whoever answered.
 
 Usage: ``prompt_tokens`` counts cached tokens too (``prompt_tokens_details.cached_tokens``);
 they are split out as cache reads, so the ledger prices them as such and the total is what the
-server billed. A reply is checked before anything reads it, as the Anthropic provider does:
-a 200 that is not a completion is retried like an overload and fails the task once the attempts
-are spent. A completion whose tool call's arguments are not a JSON object is one all the same,
-its usage billed: the call is left out and the turn is no answer (``base.unreadable_calls_stop``:
-``max_tokens`` when ``length`` cut the call mid-JSON, else ``malformed_output``), committed with
-its usage and never retried.
+server billed. The output is what ``total_tokens`` holds past the prompt, at least
+``completion_tokens``: reasoning a server counts apart from ``completion_tokens`` (xAI, Gemini)
+is billed output too (``_Usage.output_tokens``). A reply is checked before anything reads it,
+as the Anthropic provider does: a 200 that is not a completion is retried like an overload and
+fails the task once the attempts are spent. A completion whose tool call's arguments are not a
+JSON object is one all the same, its usage billed: the call is left out and the turn is no
+answer (``base.unreadable_calls_stop``: ``max_tokens`` when ``length`` cut the call mid-JSON,
+else ``malformed_output``), committed with its usage and never retried.
 
 A call allowed more than ``AGENTQ_STREAM_ABOVE_TOKENS`` of output is streamed (``stream=True``,
 server-sent chunks, with ``stream_options.include_usage`` so the last chunk carries the usage a
@@ -370,7 +372,19 @@ class _PromptDetails(BaseModel):
 class _Usage(BaseModel):
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
+    total_tokens: int | None = Field(default=None, ge=0)
     prompt_tokens_details: _PromptDetails | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        """Every token the server billed as output: what ``total_tokens`` holds past the prompt
+        (cached prompt tokens are inside ``prompt_tokens``), never less than ``completion_tokens``.
+        OpenAI counts a reasoning model's thinking inside ``completion_tokens``; xAI, and Gemini's
+        OpenAI-compatible endpoint, count it apart and bill it as output all the same, so only
+        the total has it (total = prompt + completion + reasoning)."""
+        if self.total_tokens is None:
+            return self.completion_tokens
+        return max(self.completion_tokens, self.total_tokens - self.prompt_tokens)
 
 
 class _Completion(BaseModel):
@@ -437,7 +451,7 @@ def completion_response(data: dict[str, Any]) -> LLMResponse:
         finish_reason=choice.finish_reason,
         usage=Usage(
             input_tokens=usage.prompt_tokens - cached,
-            output_tokens=usage.completion_tokens,
+            output_tokens=usage.output_tokens,
             cache_read_input_tokens=cached,
         ),
     )
