@@ -167,6 +167,21 @@ def test_a_request_bedrock_will_never_accept_fails_at_once_naming_its_exception(
     assert caught.value.message == f"bedrock-converse rejected the request ({status} {kind}): no such thing"
 
 
+@pytest.mark.parametrize(("status", "maybe_billed"), [(524, True), (520, True), (522, False), (503, False)])
+def test_a_front_that_gave_up_on_a_call_it_had_sent_leaves_it_possibly_billed_and_one_that_never_sent_it_not(
+    server: FakeConverse, status: int, maybe_billed: bool
+) -> None:
+    """botocore's answer for a status is read as the other SDKs' are (``retry.error_status_answered``):
+    a front's 524 or 520 (the origin took the call and did not answer in time, or answered what it
+    could not read) may have been billed; its 522 (the origin never reached) and the service's own
+    503 were not."""
+    page = f"<html><head><title>{status}: Cloudflare</title></head></html>".encode()
+    server.enqueue(*[FakeReply(status, raw=page, content_type="text/html")] * 2)
+    with pytest.raises(ProviderError) as caught:
+        provider(attempts=2).complete(request())
+    assert (caught.value.status_code, caught.value.retryable, caught.value.maybe_billed) == (status, True, maybe_billed)
+
+
 def test_a_reply_of_another_shape_is_retried_then_fails_the_task(server: FakeConverse) -> None:
     server.enqueue(FakeReply(200, {"status": "ok"}), FakeReply(200, raw=b"<html>gateway</html>"))
     with pytest.raises(ProviderError) as caught:

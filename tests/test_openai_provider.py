@@ -30,6 +30,9 @@ from tests.fake_model_servers import WEATHER_TOOL, FakeChatCompletions, FakeRepl
 
 STORAGE = "memory"
 MODEL = "gpt-4.1-mini"
+# What a LiteLLM proxy answers when the upstream call it forwarded timed out.
+LITELLM_TIMEOUT = {"error": {"message": "litellm.Timeout: APITimeoutError - Request timed out.", "type": None,
+                             "param": None, "code": "408"}}  # fmt: skip
 
 
 @pytest.fixture
@@ -294,6 +297,43 @@ def test_a_task_runs_its_tool_loop_on_an_openai_compatible_server_and_is_priced(
     first = (400 * Decimal("0.4") + 30 * Decimal("1.6")) / 1_000_000
     second = (100 * Decimal("0.4") + 400 * Decimal("0.1") + 10 * Decimal("1.6")) / 1_000_000
     assert task.cost_usd == first + second
+
+
+def _cloudflare(status: int) -> FakeReply:
+    page = f"<html><head><title>api.openai.com | {status}: Cloudflare</title></head></html>".encode()
+    return FakeReply(status, raw=page, content_type="text/html")
+
+
+@pytest.mark.parametrize(
+    ("reply", "maybe_billed"),
+    [(_cloudflare(520), True), (_cloudflare(524), True), (FakeReply(408, LITELLM_TIMEOUT), True),
+     (_cloudflare(522), False), (_cloudflare(523), False)],
+    ids=["cloudflare_520", "cloudflare_524", "litellm_408", "cloudflare_522", "cloudflare_523"],
+)  # fmt: skip
+def test_a_front_that_gave_up_on_a_call_it_had_sent_keeps_each_attempts_hold_counted_as_unknown(
+    server: FakeChatCompletions, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch,
+    reply: FakeReply, maybe_billed: bool,
+) -> None:  # fmt: skip
+    """Cloudflare answers 524 when the origin took the request and did not answer within its
+    timeout (100 s by default: a long call), 520 when the origin's answer was empty or
+    unreadable; a LiteLLM proxy answers 408 when the upstream call it forwarded timed out. The
+    model may have run and billed each attempt, as behind a gateway's 502: every attempt's hold
+    stays counted, as unknown. Before, they were taken for the API's own refusal and every hold
+    went back (used 0). Cloudflare's 522 and 523 say it never reached the origin: nothing ran."""
+    monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"base_delay": 0.0, "max_delay": 0.0, "max_attempts": 3}')
+    server.enqueue(*[reply] * 3)
+    submission = TaskSubmission(goal="say done", provider="openai", model=MODEL)
+    submission.constraints.tools = []
+    task_id = store.tasks.create(submission, tenant="t").task_id
+    Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=5)).run(task_id)
+    budget = store.budgets.get(task_id)
+    assert len(server.requests) == 3 and budget.known == 0 and budget.reserved == 0
+    if maybe_billed:
+        assert budget.used == budget.unknown > 0 and budget.unknown % 3 == 0  # one hold an attempt
+    else:
+        assert (budget.used, budget.unknown) == (0, 0)
 
 
 def test_openai_itself_is_sent_max_completion_tokens_and_a_compatible_server_max_tokens() -> None:

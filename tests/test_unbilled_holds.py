@@ -60,6 +60,17 @@ def _page() -> FakeReply:
     return dataclasses.replace(malformed_json(), raw=b"<html><title>Sign in</title></html>", content_type="text/html")
 
 
+def cloudflare(status: int) -> FakeReply:
+    """Cloudflare's own page for a 52x, as it answers in front of api.anthropic.com, api.openai.com
+    and many gateways."""
+    page = f"<html><head><title>api.anthropic.com | {status}: Cloudflare</title></head></html>".encode()
+    return FakeReply(status, None, raw=page, content_type="text/html")
+
+
+LITELLM_TIMEOUT = {"error": {"message": "litellm.Timeout: APITimeoutError - Request timed out.", "type": None,
+                             "param": None, "code": "408"}}  # fmt: skip
+
+
 def _point_the_provider_at(fake: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch, *, streamed: bool = False) -> None:
     """The anthropic provider talks to ``fake``, retrying at once. Not streamed unless asked:
     a whole reply tells nothing before it ends, as OpenAI's and Converse's calls do, so what
@@ -318,12 +329,22 @@ def test_a_call_sent_under_a_hold_a_message_made_older_keeps_it_counted_when_the
         (dataclasses.replace(_answer(), cut_at=0.5), True),  # a 200 cut in its body
         (dataclasses.replace(_answer(), cut_at=0), False),  # reset before any byte of a reply: no answer began
         (error_reply(502, "api_error", "bad gateway"), True),  # a gateway's: the upstream may have run
+        # A front that sent the call on and gave up on it: the origin took it and did not answer in
+        # time (Cloudflare's 524, LiteLLM's 408 for the upstream call it forwarded), or answered
+        # something the front could not read (520). The model may have run and billed.
+        (cloudflare(520), True),
+        (cloudflare(524), True),
+        (FakeReply(408, LITELLM_TIMEOUT), True),
+        # A front that never reached the origin (Cloudflare's 522: no connection; 523: no route).
+        (cloudflare(522), False),
+        (cloudflare(523), False),
         (_page(), False),  # a gateway's page read to its declared end: no reply began (providers/pages.py)
         (malformed_json(), True),  # a Message's first bytes framed whole: a proxy may have cut a reply
         (wrong_shape(), True),  # JSON of another shape may still be a billed reply
     ],
-    ids=["500", "529", "cut_midway", "reset_before_any_byte", "502", "page", "a_replys_prefix", "another_shape"],
-)
+    ids=["500", "529", "cut_midway", "reset_before_any_byte", "502", "cloudflare_520", "cloudflare_524",
+         "litellm_408", "cloudflare_522", "cloudflare_523", "page", "a_replys_prefix", "another_shape"],
+)  # fmt: skip
 def test_a_run_that_spends_its_retries_returns_the_hold_only_when_no_attempt_can_have_been_billed(
     moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, failure: FakeReply, maybe_billed: bool
 ) -> None:

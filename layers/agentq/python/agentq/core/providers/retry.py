@@ -200,16 +200,24 @@ class CallFailure:
 Classifier = Callable[[Exception], "CallFailure | None"]
 
 
-# A gateway's answers about its upstream: the upstream call may have run (and been billed) before
-# the gateway gave up on it, as with a proxy or load balancer in front of an OpenAI-compatible server.
-GATEWAY_STATUSES = frozenset({502, 504})
+# A front's answers about a call it had sent on (a proxy, a load balancer, Cloudflare, a LiteLLM
+# proxy, in front of the API or an OpenAI-compatible server): the model behind it may have run, and
+# billed, before the front gave up on it. 502 and 504, a gateway's bad or late answer from its
+# upstream; Cloudflare's 520 (the origin's answer was empty or unreadable) and 524 (the origin took
+# the request and did not answer within Cloudflare's timeout, 100 s by default); 408, LiteLLM's for
+# the upstream call it forwarded that timed out (a server's own 408 says it did not get the whole
+# request in time: nothing ran, but a status cannot tell the two apart, so it counts as possibly
+# billed). Cloudflare's 521, 522, 523, 525 and 526 (refused, no connection, no route, TLS failed)
+# say the origin was never reached: those stay unbilled.
+POSSIBLY_BILLED_STATUSES = frozenset({408, 502, 504, 520, 524})
 
 
 def error_status_answered(http_status: object) -> bool:
     """The HTTP response itself carried an error status, so no reply was generated and nothing
     billed (an error event inside a 200's stream is not this: its response says 200; nor is a
-    gateway's 502 or 504, behind which the upstream call may have run)."""
-    return isinstance(http_status, int) and http_status >= 400 and http_status not in GATEWAY_STATUSES
+    front's answer about a call it had sent on, ``POSSIBLY_BILLED_STATUSES``, behind which the
+    model may have run)."""
+    return isinstance(http_status, int) and http_status >= 400 and http_status not in POSSIBLY_BILLED_STATUSES
 
 
 NO_REPLY = "Server disconnected without sending a response"  # httpcore's words for a reset before any byte
