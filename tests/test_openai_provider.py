@@ -19,6 +19,7 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.errors import ProviderError
 from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.providers import LLMRequest, default_provider_factory
+from agentq.core.providers.base import RetryNotice, reporting_retries
 from agentq.core.providers.keys import OPENAI_SECRET_VARIABLE
 from agentq.core.providers.openai_provider import OpenAIProvider
 from agentq.core.providers.retry import RetryPolicy
@@ -176,6 +177,22 @@ def test_server_errors_are_retried_and_the_last_one_is_a_retryable_provider_erro
     error = caught.value
     assert error.retryable and error.code == "provider_server_error" and error.attempts == 3
     assert error.message == "openai server error (503) after 3 attempts: model is loading"
+
+
+def test_a_408_is_retried_and_fails_as_the_timeout_it_says_in_the_code_and_in_the_words(
+    server: FakeChatCompletions,
+) -> None:
+    """A LiteLLM proxy's 408 is its upstream call timing out: a timeout, coded as one
+    (``provider_timeout``: retried, fallen over from) and said as one at each retry and at the
+    end. Before, each retry said "server error (408)" of a failure coded ``provider_rejected``."""
+    server.enqueue(*[FakeReply(408, LITELLM_TIMEOUT)] * 3)
+    notices: list[RetryNotice] = []
+    with reporting_retries(notices.append), pytest.raises(ProviderError) as caught:
+        provider(server).complete(request())
+    said = "openai request timed out (408)"
+    assert [(n.code, n.message.split(":")[0]) for n in notices] == [("provider_timeout", said)] * 2
+    assert (caught.value.code, caught.value.retryable) == ("provider_timeout", True)
+    assert caught.value.message == f"{said} after 3 attempts: litellm.Timeout: APITimeoutError - Request timed out."
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,7 @@ FAILURE_CODES = {
     401: "invalid_api_key",
     403: "permission_denied",
     404: "model_not_found",  # the Messages endpoint exists: the model named is what is not found
+    408: "provider_timeout",  # a request timeout (a LiteLLM proxy's: the upstream call it forwarded)
     413: "request_too_large",
     429: "rate_limited",
     529: "overloaded",
@@ -360,12 +361,18 @@ def _what(label: str, failure: CallFailure) -> tuple[str, str | None]:
     if failure.kind == "connection":
         return f"{label} connection failed", excerpt(failure.detail) or None
     if failure.kind == "status":
-        code = failure.status_code
-        what = "overloaded (529)" if code == 529 else "rate limited (429)" if code == 429 else f"server error ({code})"
-        return f"{label} {what}", excerpt(failure.detail) or None
+        return f"{label} {_status_words(failure.status_code)}", excerpt(failure.detail) or None
     if failure.detail.startswith("not JSON ("):
         return f"{label} returned a reply that is {failure.detail}", None
     return f"{label} returned a reply that is not a Message ({failure.detail})", None
+
+
+def _status_words(code: int | None) -> str:
+    """What a retried status says, in the words of its code (``failure_code``)."""
+    words = {408: "request timed out", 429: "rate limited", 529: "overloaded"}
+    if code in words:
+        return f"{words[code]} ({code})"
+    return f"server error ({code})" if code is None or code >= 500 else f"rejected the request ({code})"
 
 
 def _said(kind: str, detail: str | None) -> str:
