@@ -87,13 +87,19 @@ class Secrets:
         return REFERENCE.sub(lambda m: self.get(m.group(1)), text)
 
 
+def redactable(value: str) -> bool:
+    """Whether the redactor can find ``value`` without finding ordinary text too: at least
+    ``MIN_CHARS`` characters, of at least ``MIN_DISTINCT_CHARS`` different ones besides spaces."""
+    return len(value) >= MIN_CHARS and len({c for c in value if not c.isspace()}) >= MIN_DISTINCT_CHARS
+
+
 def held(name: str, value: str) -> str:
     """``value``, the secret ``name`` just read, once the redactor has it (``keep_secret``: every
     run's output and every log line are redacted of it from now on); ``SecretRefused`` if no
     redactor could find it without finding ordinary text too. Whatever ``SecretSource`` a value
     comes from, whoever reads it calls this before sending it (``Secrets.get``,
     ``ToolContext.secret``, ``core.vault.expand``)."""
-    if len(value) < MIN_CHARS or len({c for c in value if not c.isspace()}) < MIN_DISTINCT_CHARS:
+    if not redactable(value):
         raise SecretRefused(
             f"secret {name!r} is not used: a value of fewer than {MIN_CHARS} characters, or of fewer than "
             f"{MIN_DISTINCT_CHARS} different ones besides spaces, cannot be redacted from what a tool or a "

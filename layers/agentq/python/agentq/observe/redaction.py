@@ -19,7 +19,8 @@ and files wherever they hold it. A run's output cannot hold a value it did not o
 reach no other, and each is held before it is sent); a log redacted of too much loses nothing.
 The deployment's secrets (``core.secrets``) are the operator's, sent for any run (a client a
 tool keeps across runs sends one read in another): every run's output is redacted of each one
-the process has read, from the moment it is read (``keep_secret``), as every log line is. Code
+the process has read, from the moment it is read (``keep_secret``), as every log line is; so
+are the providers' own keys, from the moment a provider is made (``core.providers.keys``). Code
 in no run's context that knows its values (the egress proxy's threads) redacts by a ``Values``.
 
 The spellings: the value itself, percent-encoded (``quote`` with and without ``/`` safe,

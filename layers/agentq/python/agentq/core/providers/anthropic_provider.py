@@ -43,6 +43,7 @@ from agentq.core.providers.base import (
     stream_above,
 )
 from agentq.core.providers.caching import CacheTtl
+from agentq.core.providers.keys import keep_out_of_text
 from agentq.core.providers.pages import parsed_or_page, streamed_page
 from agentq.core.providers.retry import (
     MALFORMED,
@@ -90,6 +91,8 @@ class _MessagesProvider:
         # delays we bound would otherwise be multiplied by the SDK's hidden loop.
         if getattr(client, "max_retries", 0) != 0:
             client = client.with_options(max_retries=0)
+        # The key or token it sends (Anthropic's, or a Bedrock API key): an echo of it is redacted.
+        keep_out_of_text(getattr(client, "api_key", None), getattr(client, "auth_token", None))
         self._client = client
         self.retry = retry
         self._sleep = sleep

@@ -58,6 +58,7 @@ from agentq.core.providers.base import (
     stream_above,
     unreadable_calls_stop,
 )
+from agentq.core.providers.keys import keep_out_of_text
 from agentq.core.providers.retry import (
     MalformedReply,
     RetryPolicy,
@@ -138,6 +139,9 @@ def reasons(model: str) -> bool:
     return model_family(model).startswith("anthropic.claude")
 
 
+BEARER_TOKEN_VARIABLE = "AWS_BEARER_TOKEN_BEDROCK"  # a Bedrock API key, which botocore sends in place of SigV4
+
+
 class BedrockConverseProvider:
     name = "bedrock-converse"
 
@@ -159,6 +163,7 @@ class BedrockConverseProvider:
             botocore_replies.whole_or_cut,
             unique_id=botocore_replies.WHOLE_OR_CUT,
         )
+        keep_out_of_text(os.environ.get(BEARER_TOKEN_VARIABLE))  # a Bedrock API key botocore sends: echoes redacted
         self._client = client
         self.retry = retry or RetryPolicy.from_env()
         self._sleep = sleep

@@ -15,12 +15,28 @@ import json
 import os
 
 from agentq.core.errors import ProviderError
+from agentq.core.secrets import redactable
+from agentq.observe.redaction import REDACTOR
 
 SECRET_VARIABLE = "AGENTQ_ANTHROPIC_API_KEY_SECRET"
 OPENAI_SECRET_VARIABLE = "AGENTQ_OPENAI_API_KEY_SECRET"
 KEY_MAX_AGE_SECONDS = 300
 JSON_KEY_FIELDS = ("ANTHROPIC_API_KEY", "api_key", "apiKey")
 OPENAI_JSON_KEY_FIELDS = ("OPENAI_API_KEY", "api_key", "apiKey")
+
+
+def keep_out_of_text(*keys: str | None) -> None:
+    """The keys a provider's client sends (an API key, a bearer token), kept by the process's
+    redactor as a deployment secret is (``Redactor.keep``, never evicted): a server, gateway or
+    proxy that echoes one (a 401 quoting "Incorrect API key provided: <key>") has it redacted
+    from the error a task records and its retries' notices (``retry.excerpt``), from every log
+    line and from every run's output. Each provider calls it when it is made, with what its
+    client holds, however the key reached it (an argument, the SDK's own variable, a secret).
+    A key the redactor could not find without finding ordinary text (``secrets.redactable``: a
+    local server's short placeholder) is not kept: redacting it would rewrite ordinary text."""
+    fresh = tuple(key for key in keys if key and redactable(key))
+    if fresh:
+        REDACTOR.keep(*fresh)
 
 
 def anthropic_api_key() -> str | None:

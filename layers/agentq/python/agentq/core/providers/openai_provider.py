@@ -53,6 +53,7 @@ from agentq.core.providers.base import (
     stream_above,
     unreadable_calls_stop,
 )
+from agentq.core.providers.keys import keep_out_of_text
 from agentq.core.providers.pages import parsed_or_page, streamed_page
 from agentq.core.providers.retry import (
     CallFailure,
@@ -66,6 +67,7 @@ from agentq.core.providers.retry import (
 from agentq.core.providers.shared_clients import openai_client
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
+NO_KEY = "not-needed"  # what a local server that wants no key is sent, as their documentation says
 BASE_URL_VARIABLE = "OPENAI_BASE_URL"
 
 # finish_reason -> the Messages API's stop_reason, which the engine reads (core/engine/_llm_answer.turn_end).
@@ -108,9 +110,10 @@ class OpenAIProvider:
                 )
             given = base_url if base_url is not None else os.environ.get(BASE_URL_VARIABLE)
             checked_base_url(given, BASE_URL_VARIABLE, self.name)
-            client = openai_client(key or "not-needed", base_url, timeout)
+            client = openai_client(key or NO_KEY, base_url, timeout)
         elif client.max_retries != 0:
             client = client.with_options(max_retries=0)
+        keep_out_of_text(client.api_key if client.api_key != NO_KEY else None)  # an echo of it is redacted
         self._client = client
         # OpenAI's own API takes max_completion_tokens (its reasoning models refuse max_tokens);
         # vLLM, Ollama and LiteLLM servers take the older max_tokens.

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agentq.core.errors import ProviderError
 from agentq.core.models import repeated_tool_use_id
 from agentq.core.providers.base import RetryNotice, check_cut, pause, report_retry
+from agentq.observe.redaction import redact
 
 T = TypeVar("T")
 
@@ -275,7 +276,7 @@ def call_with_retries(
         try:
             return fn(), attempt
         except MalformedReply as exc:  # a 2xx that is not a Message: maybe a proxy's hiccup; bounded below
-            said = str(exc)[:200] or type(exc).__name__
+            said = redact(str(exc))[:200] or type(exc).__name__
             last, last_exc = CallFailure("malformed", detail=said, unbilled=exc.whole), exc
         except json.JSONDecodeError as exc:
             last, last_exc = CallFailure("malformed", detail=f"not JSON ({exc.msg} at char {exc.pos})"), exc
@@ -330,7 +331,11 @@ def excerpt(detail: str) -> str:
     proxy's, a load balancer's, the local stack's moto answering for a service it lacks) by its
     size and title, any text cut to ``EXCERPT_CHARS``, whitespace collapsed. A body that is not
     the API's error is no explanation, and a page of it printed at every retry hid the one that
-    was (issue 39: a Converse call to moto printed its 500 page 25 times)."""
+    was (issue 39: a Converse call to moto printed its 500 page 25 times). Redacted first, whole
+    (``observe.redaction.redact``: a cut could leave part of a value the redactor no longer
+    finds): a server that echoes the provider's key (``keys.keep_out_of_text``) or a credential
+    a run opened has it redacted from the task's error, its events and its trace."""
+    detail = redact(detail)
     page = _PAGE.search(detail)
     if page is not None:
         html = detail[page.start() :]
@@ -364,7 +369,7 @@ def _what(label: str, failure: CallFailure) -> tuple[str, str | None]:
         return f"{label} {_status_words(failure.status_code)}", excerpt(failure.detail) or None
     if failure.detail.startswith("not JSON ("):
         return f"{label} returned a reply that is {failure.detail}", None
-    return f"{label} returned a reply that is not a Message ({failure.detail})", None
+    return f"{label} returned a reply that is not a Message ({redact(failure.detail)})", None
 
 
 def _status_words(code: int | None) -> str:
