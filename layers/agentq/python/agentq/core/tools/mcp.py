@@ -22,6 +22,14 @@ nothing is lost when a worker dies, and each call is one effect for the engine. 
 resume; any other is side-effecting, at most once, and *outcome unknown* after a crash. A
 server that is down, answers an error, or drops the call gives the model a tool error that
 says which (and, for a call that may have run, that its outcome is unknown).
+
+A server's reply is untrusted as its content is: over HTTP, each is asked for unencoded and
+refused as it is read once over ``core.tools.mcp_http.MAX_REPLY_BYTES`` (4 MB), in a worker's
+call and in the API's listing, never held whole (the ``mcp`` package would read a JSON reply
+whole, and httpx inflate a gzipped one). The call was sent by then: a side-effecting tool's
+outcome is "ran, result refused", finished as such and never run again; a read-only one is a
+tool error the model reads. Not so bounded: a stdio server's replies, which the ``mcp``
+package reads line by line without a bound (the server is a command the operator chose).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -39,11 +47,14 @@ from agentq.core.errors import AgentqError
 from agentq.core.models import MCP_SERVER_PATTERN, McpToolPin
 from agentq.core.secrets import Secrets
 from agentq.core.tools._context import ToolContext
-from agentq.core.tools._core import TOOL_NAME_PATTERN, ToolSpec
+from agentq.core.tools._core import MAX_RESULT_CHARS, TOOL_NAME_PATTERN, ToolSpec
 from agentq.core.tools.fetch import parse_target
 from agentq.core.vault import CredentialSource, expand
 from agentq.core.vault import references as vault_references
 from agentq.observe.redaction import redact
+
+if TYPE_CHECKING:
+    from agentq.core.tools.mcp_http import ReplyBound
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 LIST_TIMEOUT_SECONDS = 20.0
@@ -143,24 +154,32 @@ class McpServers:
         """The server's tools now, as pins (every page of the listing). What the server says of
         them is offered to every model that uses them: redacted whole, before any cut, of the
         secrets its headers or environment were given (``core.secrets.held``), as a call's result is
-        (a tool named after one can no longer be called, and is refused as a name)."""
+        (a tool named after one can no longer be called, and is refused as a name). Each reply
+        is bounded (``core.tools.mcp_http``), and so is what all the pages' pins hold: this runs
+        in the API process, when an agent version is created."""
+        from agentq.core.tools.mcp_http import MAX_REPLY_BYTES
+
         config = self.get(name)
 
         async def listing(client: Any) -> list[McpToolPin]:
-            pins, cursor = [], None
+            pins, cursor, held = [], None, 0
             while True:
                 page = await client.list_tools(cursor=cursor)
                 for t in page.tools:
                     hints = t.annotations
+                    schema = redact(json.dumps(dict(t.input_schema or {"type": "object"})))
                     pins.append(
                         McpToolPin(
                             server=name,
                             name=redact(t.name),
                             description=redact(t.description or "")[:8000],
-                            input_schema=json.loads(redact(json.dumps(dict(t.input_schema or {"type": "object"})))),
+                            input_schema=json.loads(schema),
                             read_only=bool(hints is not None and hints.read_only_hint),
                         )
                     )
+                    held += len(t.name) + len(pins[-1].description) + len(schema)
+                if held > MAX_REPLY_BYTES:  # each page is bounded; so are the pages together
+                    raise McpCallFailed(f"MCP server {name!r} lists over {MAX_REPLY_BYTES} bytes of tools")
                 cursor = page.next_cursor
                 if not cursor:
                     return pins
@@ -228,14 +247,16 @@ class McpServers:
     ) -> Any:
         import anyio
 
-        opened = False
+        from agentq.core.tools.mcp_http import ReplyBound
+
+        opened, bound = False, ReplyBound()
 
         async def run() -> Any:
             nonlocal opened
             from mcp import Client
 
             with anyio.fail_after(timeout + 5):
-                transport = self._transport(config, headers)
+                transport = self._transport(config, bound, headers)
                 async with Client(transport, read_timeout_seconds=timeout, mode="legacy") as client:
                     opened = True
                     return await work(client)
@@ -247,6 +268,8 @@ class McpServers:
         except BaseException as exc:  # anyio wraps the cause in exception groups
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
+            if bound.refused is not None:  # whatever the mcp package made of it
+                raise McpCallFailed(_refused(name, str(bound.refused), opened, may_have_run)) from None
             cause = _root_cause(exc)
             detail = redact(f"{type(cause).__name__}: {cause}".rstrip(": "))[:500]  # whole, then cut
             if isinstance(cause, McpError):
@@ -259,14 +282,17 @@ class McpServers:
                 ) from None
             raise McpCallFailed(f"MCP server {name!r} failed: {detail}") from None
 
-    def _transport(self, config: McpServerConfig, headers: dict[str, str] | None = None) -> Any:
+    def _transport(self, config: McpServerConfig, bound: ReplyBound, headers: dict[str, str] | None = None) -> Any:
         if config.url is not None:
             from mcp.client.streamable_http import streamable_http_client
-            from mcp.shared._httpx_utils import create_mcp_http_client
+
+            from agentq.core.tools.mcp_http import MAX_REPLY_BYTES, http_client
 
             if headers is None:
                 headers = self._headers(config, None, for_call=False)
-            return streamable_http_client(config.url, http_client=create_mcp_http_client(headers=headers))
+            return streamable_http_client(
+                config.url, http_client=http_client(headers, bound), max_sse_event_size=MAX_REPLY_BYTES
+            )
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
         assert config.command is not None
@@ -315,6 +341,19 @@ def _matches(pattern: str, value: str) -> bool:
     import re
 
     return re.fullmatch(pattern, value) is not None
+
+
+def _refused(name: str, why: str, opened: bool, may_have_run: bool) -> str:
+    """What is read of a reply refused unread (``core.tools.mcp_http``). Past the session's
+    opening, the call was sent before its reply came: a side-effecting tool ran, or may have, and
+    is not run again (the engine finishes its effect record with this text, which a resumed task
+    replays); a read-only one fails as a tool error the model reads, and may be asked for less."""
+    said = f"MCP server {name!r} sent {why}: refused unread"
+    if not opened:
+        return f"{said}, as the session opened (nothing was called)"
+    if may_have_run:
+        return f"{said}. The call was sent: it ran, or may have, and is not run again; its result is unknown"
+    return f"{said} (a tool result keeps {MAX_RESULT_CHARS} characters)"
 
 
 def _root_cause(exc: BaseException) -> BaseException:

@@ -1,0 +1,188 @@
+"""The MCP client against hostile servers (tests/mcp_servers/hostile.py, the ``mcp`` package's
+``MCPServer``): a reply far over what a tool result keeps is refused as it is read, before it is
+held whole (``core.tools.mcp_http``): in a worker's call, where a side-effecting call that sent
+one is finished as run, never run again, and in the API's listing of a server's tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentq.core.models import ToolsStep
+from agentq.core.tools.mcp_http import MAX_REPLY_BYTES
+from agentq_dev.stack import LocalStack
+
+from tests.helpers import call, run_agentq, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(port: int, *args: str, **env: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.mcp_servers.hostile", "--port", str(port), *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _wait_up(port: int) -> None:
+    def up() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_for(up, timeout=30, what="the hostile MCP server")
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module", params=["json", "gzip"])
+def json_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The hostile server answering each call with one JSON body (``json_response=True``), as it
+    is or gzipped to a client that accepts gzip (64 MB is ~130 KB on the wire)."""
+    port = _free_port()
+    proc = _start(port, "--json", *(["--gzip"] if request.param == "gzip" else []))
+    try:
+        _wait_up(port)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        _stop([proc])
+
+
+def _peak_rss_mb_of_a_call(url: str, megabytes: int) -> tuple[int, str]:
+    """A fresh process calls ``huge`` once; its peak RSS growth (MB) and what the call gave."""
+    code = f"""
+import resource, json
+from agentq.core.tools.mcp import McpServers, McpServerConfig, McpError
+s = McpServers({{"h": McpServerConfig(url={url!r}, timeout_seconds=60)}})
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    out = "ok " + str(len(s.call("h", "huge", {{"megabytes": {megabytes}}}, may_have_run=False)))
+except McpError as exc:
+    out = "error " + exc.message[:300]
+print(json.dumps([(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, out]))
+"""
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    grown, outcome = json.loads(done.stdout.splitlines()[-1])
+    return int(grown), str(outcome)
+
+
+def test_an_mcp_result_far_over_what_a_tool_result_keeps_is_refused_before_it_fills_the_worker_s_memory(
+    json_server: str,
+) -> None:
+    # A tool result is cut to 100,000 characters (core.tools._core.MAX_RESULT_CHARS): a server
+    # answering 64 MB must not cost the worker many times that in memory first. Over SSE the
+    # mcp package refuses an event over its bound; a JSON answer it reads whole, and httpx
+    # inflates a gzipped one whatever it becomes. Seen: 599 MB grown, the 64 MB returned.
+    grown, outcome = _peak_rss_mb_of_a_call(json_server, 64)
+    assert grown < 64, f"the worker's peak memory grew {grown} MB for one call ({outcome})"
+    assert outcome.startswith("error MCP server 'h' sent a reply of ") and "refused unread" in outcome, outcome
+
+
+class _Stack:
+    def __init__(self, stack: LocalStack, key: str, ledger: Path) -> None:
+        self.stack, self.key, self.ledger = stack, key, ledger
+
+    def http(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        import urllib.error
+        import urllib.request
+
+        assert self.stack.api_server is not None
+        request = urllib.request.Request(
+            self.stack.api_server.url + path,
+            data=json.dumps(body).encode() if body is not None else None,
+            method=method,
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    def agent(self, servers: list[dict[str, Any]], turns: list[dict[str, Any]] | None = None) -> tuple[int, Any]:
+        body = {"name": f"h-{uuid.uuid4().hex[:8]}", "provider": "scripted",
+                "script": {"turns": turns or [{"text": "done"}]}, "mcp_servers": servers}  # fmt: skip
+        return self.http("POST", "/agents", body)
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Stack]:
+    """A local stack with two hostile servers: ``big`` (JSON replies) and ``bloated`` (SSE; its listing is 8 MB)."""
+    ledger = tmp_path_factory.mktemp("hostile") / "calls"
+    ports = {"big": _free_port(), "bloated": _free_port()}
+    procs = [
+        _start(ports["big"], "--json", HOSTILE_LEDGER=str(ledger)),
+        _start(ports["bloated"], HOSTILE_LISTING_MB="8"),
+    ]
+    servers = {name: {"url": f"http://127.0.0.1:{port}/mcp", "timeout_seconds": 30} for name, port in ports.items()}
+    stack = None
+    try:
+        for port in ports.values():
+            _wait_up(port)
+        stack = LocalStack(prefix=f"hst{uuid.uuid4().hex[:8]}", workers=0, auth=True,
+                           extra_env={"AGENTQ_MCP_SERVERS": json.dumps(servers), "PYTHONPATH": str(ROOT)}).start()  # fmt: skip
+        yield _Stack(stack, stack.create_api_key("team-h"), ledger)
+    finally:
+        if stack is not None:
+            stack.stop()
+        _stop(procs)
+
+
+def test_a_task_reads_why_a_huge_mcp_reply_was_refused_and_the_side_effecting_call_that_sent_one_never_runs_again(
+    hostile: _Stack,
+) -> None:
+    turns: list[dict[str, Any]] = [{"tool_calls": [call("mcp__big__huge", megabytes=8), call("mcp__big__huge_once", megabytes=8),
+                             call("mcp__big__echo_headers")]}, {"text": "done"}]  # fmt: skip
+    status, created = hostile.agent([{"name": "big"}], turns)
+    assert status == 201, created
+    status, accepted = hostile.http("POST", "/tasks", {"goal": "g", "agent": created["agent"]["name"]})
+    assert status == 202, accepted
+    task_id = accepted["task_id"]
+    done = run_agentq(["run-task", task_id, "--lease", "10", "--wait", "0"], env=hostile.stack.env(), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1])["status"] == "succeeded", done.stderr[-3000:]
+
+    store = hostile.stack.store()
+    results = {r.name: r for s in store.steps.load(task_id) if isinstance(s.body, ToolsStep) for r in s.body.results}
+    read_only, once = results["mcp__big__huge"], results["mcp__big__huge_once"]
+    assert read_only.is_error and "MCP server 'big' sent a reply of " in read_only.content, read_only.content
+    assert f"over the {MAX_REPLY_BYTES} one reply may hold: refused unread (a tool result keeps 100000 characters)" in (
+        read_only.content
+    )
+    assert once.is_error and once.side_effects
+    assert "The call was sent: it ran, or may have, and is not run again" in once.content, once.content
+    # At most once: its effect record is finished with that text (what a resumed task replays,
+    # never running it again), and the server ran it once.
+    record = store.effects.get(task_id, once.tool_use_id)
+    assert record is not None and record.state == "done" and record.is_error and record.content == once.content
+    assert hostile.ledger.read_text().splitlines() == ["huge_once 8"]
+    # Replies are asked for unencoded: a gzipped one is inflated past any bound before it is read.
+    assert "'accept-encoding': 'identity'" in results["mcp__big__echo_headers"].content
+
+
+def test_a_listing_over_the_reply_bound_is_refused_by_the_api_naming_the_server(hostile: _Stack) -> None:
+    status, refused = hostile.agent([{"name": "big"}, {"name": "bloated"}])
+    assert status == 422 and refused["error"]["field"] == "mcp_servers[1]", refused
+    assert f"sent a reply over the {MAX_REPLY_BYTES} bytes one reply may hold" in refused["error"]["message"]
