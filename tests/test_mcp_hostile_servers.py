@@ -1,7 +1,9 @@
 """The MCP client against hostile servers (tests/mcp_servers/hostile.py, the ``mcp`` package's
 ``MCPServer``): a reply far over what a tool result keeps is refused as it is read, before it is
 held whole (``core.tools.mcp_http``): in a worker's call, where a side-effecting call that sent
-one is finished as run, never run again, and in the API's listing of a server's tools."""
+one is finished as run, never run again, and in the API's listing of a server's tools. An agent
+version whose MCP tools would share a name, or that names a server a tool's name could not tell
+apart, is refused when it is created, not at each of its tasks."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from typing import Any
 
 import pytest
 
-from agentq.core.models import ToolsStep
+from agentq.core.agents import AgentSpec, McpServerRef
+from agentq.core.models import McpToolPin, ToolsStep
+from agentq.core.tools.mcp import McpConfigurationError, McpServers
 from agentq.core.tools.mcp_http import MAX_REPLY_BYTES
 from agentq_dev.stack import LocalStack
 
@@ -129,11 +133,13 @@ class _Stack:
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Stack]:
-    """A local stack with two hostile servers: ``big`` (JSON replies) and ``bloated`` (SSE; its listing is 8 MB)."""
+    """A local stack with three hostile servers: ``big`` (JSON replies), ``twice`` (lists
+    ``echo_headers`` twice) and ``bloated`` (SSE; its listing is 8 MB)."""
     ledger = tmp_path_factory.mktemp("hostile") / "calls"
-    ports = {"big": _free_port(), "bloated": _free_port()}
+    ports = {"big": _free_port(), "twice": _free_port(), "bloated": _free_port()}
     procs = [
         _start(ports["big"], "--json", HOSTILE_LEDGER=str(ledger)),
+        _start(ports["twice"], HOSTILE_DUPLICATE="1"),
         _start(ports["bloated"], HOSTILE_LISTING_MB="8"),
     ]
     servers = {name: {"url": f"http://127.0.0.1:{port}/mcp", "timeout_seconds": 30} for name, port in ports.items()}
@@ -186,3 +192,46 @@ def test_a_listing_over_the_reply_bound_is_refused_by_the_api_naming_the_server(
     status, refused = hostile.agent([{"name": "big"}, {"name": "bloated"}])
     assert status == 422 and refused["error"]["field"] == "mcp_servers[1]", refused
     assert f"sent a reply over the {MAX_REPLY_BYTES} bytes one reply may hold" in refused["error"]["message"]
+
+
+def test_a_server_listing_one_tool_name_twice_is_refused_when_the_agent_is_created_naming_the_tool(
+    hostile: _Stack,
+) -> None:
+    # Two pins with one qualified name can never both be offered (ToolRegistry.register refuses
+    # the second): the version must not be created, rather than every task of it failing later
+    # (seen: 201, then every POST /tasks a 422 "constraints.tools: tool names must be unique").
+    both: list[list[dict[str, Any]]] = [
+        [{"name": "twice"}],
+        [{"name": "big"}, {"name": "twice", "tools": ["huge", "echo_headers"]}],
+    ]
+    for servers in both:
+        status, refused = hostile.agent(servers)
+        field = f"mcp_servers[{len(servers) - 1}]"
+        assert status == 422 and refused["error"]["field"] == field, refused
+        assert "lists tool 'echo_headers' 2 times" in refused["error"]["message"]
+    status, created = hostile.agent([{"name": "twice", "tools": ["huge"]}])  # what it lists once may be used
+    assert status == 201, created
+    status, refused = hostile.agent([{"name": "big", "tools": ["huge"]}, {"name": "big"}])  # one server twice
+    assert status == 422 and refused["error"]["field"] == "mcp_servers[1]", refused
+    assert "'mcp__big__huge', which mcp_servers[0] already offers" in refused["error"]["message"]
+
+
+@pytest.mark.parametrize("name", ["a__b", "a_"])
+def test_a_server_name_a_tool_s_name_could_not_tell_apart_is_refused_by_the_api_and_the_deployment(
+    hostile: _Stack, name: str
+) -> None:
+    # Server "a" with tool "b__c" and server "a__b" with tool "c" are both mcp__a__b__c; server
+    # "a_" with tool "b" and server "a" with tool "_b" both mcp__a___b.
+    status, refused = hostile.agent([{"name": name}])  # refused for its form, registered or not
+    assert status == 422 and refused["error"]["field"] == "mcp_servers[0].name", refused
+    assert "no '__' and no '_' at the end" in refused["error"]["message"], refused
+    with pytest.raises(McpConfigurationError) as failure:
+        McpServers.from_env({"AGENTQ_MCP_SERVERS": json.dumps({name: {"url": "https://mcp.example.com/mcp"}})})
+    assert failure.value.field == "AGENTQ_MCP_SERVERS" and "no '__' and no '_' at the end" in failure.value.message
+    # A version stored before the rule, naming such a server, is still read.
+    stored = f"old-{uuid.uuid4().hex[:8]}"
+    spec = AgentSpec(name=stored, provider="scripted", script="research", mcp_servers=[McpServerRef(name=name)])
+    pin = McpToolPin(server=name, name="c", input_schema={"type": "object"})
+    hostile.stack.store().agents.create("team-h", spec, [pin])
+    status, version = hostile.http("GET", f"/agents/{stored}")
+    assert status == 200 and version["mcp_tools"][0]["server"] == name, version

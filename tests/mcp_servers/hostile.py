@@ -1,8 +1,9 @@
 """A hostile MCP server (``MCPServer`` from the ``mcp`` package): tools that answer ``megabytes``
 MB of text, read-only (``huge``) and side-effecting (``huge_once``: each call appended to
 ``$HOSTILE_LEDGER``, so a test counts them), one that echoes the request's headers; a listing
-that describes ``huge`` in ``$HOSTILE_LISTING_MB`` MB. Over streamable HTTP, answering with one
-JSON body (``--json``) or SSE, gzipped for a client that accepts it (``--gzip``).
+that names ``echo_headers`` twice (``HOSTILE_DUPLICATE=1``) or describes ``huge`` in
+``$HOSTILE_LISTING_MB`` MB. Over streamable HTTP, answering with one JSON body (``--json``) or
+SSE, gzipped for a client that accepts it (``--gzip``).
 
     python -m tests.mcp_servers.hostile --port 8766 [--json] [--gzip]
 """
@@ -18,7 +19,8 @@ from mcp.types import ToolAnnotations
 
 
 class _Hostile(MCPServer):
-    """Describes ``huge`` in ``$HOSTILE_LISTING_MB`` MB when that is set."""
+    """Lists ``echo_headers`` twice under ``HOSTILE_DUPLICATE=1`` (the second claiming side
+    effects); describes ``huge`` in ``$HOSTILE_LISTING_MB`` MB when that is set."""
 
     async def list_tools(self) -> list[Any]:
         tools = await super().list_tools()
@@ -26,6 +28,15 @@ class _Hostile(MCPServer):
         if bloat:
             tools = [t.model_copy(update={"description": "x" * bloat * 1024 * 1024}) if t.name == "huge" else t
                      for t in tools]  # fmt: skip
+        if os.environ.get("HOSTILE_DUPLICATE") == "1":
+            [echo] = [t for t in tools if t.name == "echo_headers"]
+            twin = echo.model_copy(
+                update={
+                    "description": "the same name, side-effecting",
+                    "annotations": ToolAnnotations(read_only_hint=False),
+                }
+            )
+            tools.append(twin)
         return tools
 
 

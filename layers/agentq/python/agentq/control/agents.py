@@ -8,6 +8,7 @@ pins ``agent`` to ``name@version``: the task then carries everything it runs wit
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from agentq.control.aliases import aliased
@@ -31,7 +32,7 @@ from agentq.core.agents import (
     resolved_fields,
 )
 from agentq.core.errors import ValidationError
-from agentq.core.models import McpToolPin, TaskSubmission
+from agentq.core.models import MCP_SERVER_RULE, McpToolPin, TaskSubmission, usable_mcp_server_name
 from agentq.core.providers.features import check_features
 from agentq.core.tools import ToolRegistry
 from agentq.core.tools.mcp import McpError, McpServers, valid_tool_name
@@ -75,10 +76,19 @@ def check_agent(spec: AgentSpec, tools: ToolRegistry, mcp_tools: list[McpToolPin
 
 
 def pin_mcp_tools(spec: AgentSpec, servers: McpServers | None) -> list[McpToolPin]:
-    """List the tools of each MCP server the agent names, now, keeping those it asks for."""
+    """List the tools of each MCP server the agent names, now, keeping those it asks for.
+
+    A task offers each tool under one name (``ToolRegistry.register`` refuses a second), so a
+    pin whose name is taken is refused here, naming its server, rather than storing a version
+    every task of which is refused: a server listing one tool twice (which copy's hints are
+    true?), a server named twice, a deployment tool called ``mcp__...``; and a server name whose
+    tools' names could be another server's (``usable_mcp_server_name``)."""
     pins: list[McpToolPin] = []
+    offered = {name: f"tools[{j}]" for j, name in enumerate(spec.tools)}  # a tool's name -> its field
     for i, ref in enumerate(spec.mcp_servers):
         field = f"mcp_servers[{i}]"
+        if not usable_mcp_server_name(ref.name):  # the stored form is looser: versions stored before stay readable
+            raise ValidationError(f"{field}.name: {ref.name!r}: {MCP_SERVER_RULE}", field=f"{field}.name")
         if servers is None or ref.name not in servers.servers:
             registered = ", ".join(servers.names()) if servers else ""
             raise ValidationError(
@@ -92,6 +102,7 @@ def pin_mcp_tools(spec: AgentSpec, servers: McpServers | None) -> list[McpToolPi
                 f"{field}: could not list its tools ({exc.message}); the version was not created", field=field
             ) from None
         by_name = {p.name: p for p in listed}
+        listings = Counter(p.name for p in listed)
         for j, wanted in enumerate(ref.tools or []):
             if wanted not in by_name:
                 raise ValidationError(
@@ -106,6 +117,19 @@ def pin_mcp_tools(spec: AgentSpec, servers: McpServers | None) -> list[McpToolPi
                     "(letters, digits, '_' and '-', up to 64); leave it out with tools",
                     field=field,
                 )
+            if listings[pin.name] > 1:
+                raise ValidationError(
+                    f"{field}: {ref.name!r} lists tool {pin.name!r} {listings[pin.name]} times, so which of its "
+                    "descriptions and hints is true is unknown; leave it out with tools",
+                    field=field,
+                )
+            if pin.qualified in offered:
+                raise ValidationError(
+                    f"{field}: tool {pin.name!r} would be offered as {pin.qualified!r}, which "
+                    f"{offered[pin.qualified]} already offers; a task's tools have one name each",
+                    field=field,
+                )
+            offered[pin.qualified] = field
         pins += chosen
     return pins
 

@@ -53,6 +53,7 @@ from agentq.core.models.submission import (
     MAX_GOAL_CHARS,
     MAX_MESSAGE_CHARS,
     MCP_SERVER_PATTERN,
+    MCP_SERVER_RULE,
     SET_BY_AGENTQ,
     TASK_ENDS,
     Concurrency,
@@ -71,6 +72,7 @@ from agentq.core.models.submission import (
     ScriptTurn,
     TaskSubmission,
     distinct_fallbacks,
+    usable_mcp_server_name,
 )
 from agentq.core.models.task import Lease, LostClaim, RetryState, Task
 from agentq.core.models.transitions import ALLOWED_TRANSITIONS, REOPENED_BY_MESSAGE, sources_of
@@ -88,6 +90,7 @@ __all__ = [
     "MAX_MESSAGE_CHARS",
     "MAX_TIMEOUT_SECONDS",
     "MCP_SERVER_PATTERN",
+    "MCP_SERVER_RULE",
     "REMOTE_TOOL_PREFIX",
     "REOPENED_BY_MESSAGE",
     "SET_BY_AGENTQ",
@@ -139,4 +142,5 @@ __all__ = [
     "repeated_tool_use_id",
     "sources_of",
     "unique_tool_names",
+    "usable_mcp_server_name",
 ]

@@ -104,7 +104,27 @@ MemoryAttachments = Annotated[
 ]
 
 
+# An MCP server's name as stored (an agent version's ``mcp_servers`` and pins): the form read
+# back. A name given now must also be usable (``usable_mcp_server_name``); versions stored
+# before that rule stay readable.
 MCP_SERVER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,23}$"
+MCP_SERVER_RULE = (
+    "lowercase letters, digits, '-' and '_', up to 24; no '__' and no '_' at the end "
+    "(a tool is called mcp__<server>__<tool>)"
+)
+
+
+def usable_mcp_server_name(name: str) -> bool:
+    """Whether ``name`` may be registered (``AGENTQ_MCP_SERVERS``) and named by a new agent
+    version: ``MCP_SERVER_PATTERN`` with no "__" and no '_' at its end, so the name a model calls
+    a tool by, mcp__<server>__<tool>, names one server and one tool (server "a" with tool "b__c"
+    and server "a__b" with tool "c" were both mcp__a__b__c; "a_" with "b" and "a" with "_b" both
+    mcp__a___b)."""
+    import re
+
+    return re.fullmatch(MCP_SERVER_PATTERN, name) is not None and "__" not in name and not name.endswith("_")
+
+
 EndUser = Annotated[
     str,
     Field(

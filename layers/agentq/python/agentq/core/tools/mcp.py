@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentq.core.errors import AgentqError
-from agentq.core.models import MCP_SERVER_PATTERN, McpToolPin
+from agentq.core.models import MCP_SERVER_RULE, McpToolPin, usable_mcp_server_name
 from agentq.core.secrets import Secrets
 from agentq.core.tools._context import ToolContext
 from agentq.core.tools._core import MAX_RESULT_CHARS, TOOL_NAME_PATTERN, ToolSpec
@@ -129,8 +129,8 @@ class McpServers:
                 raise ValueError("expected a mapping of server name to settings")
             servers = {}
             for name, settings in data.items():
-                if not isinstance(name, str) or not _matches(MCP_SERVER_PATTERN, name):
-                    raise ValueError(f"server name {name!r}: lowercase letters, digits, '-', '_'; up to 24")
+                if not isinstance(name, str) or not usable_mcp_server_name(name):
+                    raise ValueError(f"server name {name!r}: {MCP_SERVER_RULE}")
                 servers[name] = McpServerConfig.model_validate(settings)
         except Exception as exc:
             raise McpConfigurationError(f"AGENTQ_MCP_SERVERS: {exc}", field="AGENTQ_MCP_SERVERS") from None
@@ -335,12 +335,6 @@ def mcp_tool_specs(pins: Iterable[McpToolPin], servers: McpServers | None) -> li
 
 def valid_tool_name(pin: McpToolPin) -> bool:
     return bool(TOOL_NAME_PATTERN.fullmatch(pin.qualified))
-
-
-def _matches(pattern: str, value: str) -> bool:
-    import re
-
-    return re.fullmatch(pattern, value) is not None
 
 
 def _refused(name: str, why: str, opened: bool, may_have_run: bool) -> str:
