@@ -15,7 +15,8 @@ import pytest
 from agentq.core.engine import cache_ttl
 from agentq.core.models import Constraints, Usage
 from agentq.core.pricing import load_price_table
-from agentq.core.providers.anthropic_provider import AnthropicProvider, to_llm_response
+from agentq.core.providers.anthropic_provider import AnthropicProvider
+from agentq.core.providers.anthropic_reply import to_llm_response
 from agentq.core.providers.base import LLMRequest
 from agentq.core.providers.caching import cached_request
 
