@@ -16,6 +16,12 @@ A reply cut in the middle was generated, so a real provider bills it, but the cl
 know what it used: the server reports it to ``on_cut``, apart from the whole replies
 ``on_delivered`` hears of. With ``bills_tool_prompt``, a request that offers tools is billed
 the hidden tool-use system prompt the API adds to it (``tool_prompt_tokens``), as input.
+
+``POST /v1/messages/count_tokens`` answers what a reply would bill for the request's input:
+``count_input(body)`` when given (a test's own billing, a dense one), else the blocks' tokens as
+``tests/prompt_cache_server.py`` bills them (``input_tokens``), plus the hidden tool prompt with
+``bills_tool_prompt``. Its requests are kept apart (``count_requests``), never take a queued reply,
+and the next ``count_failures`` of them answer 500.
 """
 
 from __future__ import annotations
@@ -241,6 +247,33 @@ def tool_prompt_tokens(body: Any, model: str | None = None) -> int:
     return forced if choice in ("any", "tool") else auto
 
 
+def tokens(block: Any) -> int:
+    """A block's tokens: one per four characters of its JSON (``tests/prompt_cache_server.py``)."""
+    return max(1, len(json.dumps(block, sort_keys=True, separators=(",", ":"))) // 4)
+
+
+def blocks_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's blocks in the order the API renders them (tools, system, messages)."""
+    out: list[dict[str, Any]] = [dict(t) for t in body.get("tools") or []]
+    system = body.get("system")
+    if isinstance(system, str):
+        out.append({"type": "text", "text": system})
+    elif isinstance(system, list):
+        out += [dict(b) for b in system]
+    for message in body.get("messages") or []:
+        content = message["content"]
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        out += [{**b, "_role": message["role"]} for b in content]
+    return out
+
+
+def input_tokens(body: dict[str, Any]) -> int:
+    """The input a request's blocks are billed, its cache breakpoints aside: what
+    ``CacheAccounting.bill`` splits into read, written and the rest."""
+    return sum(tokens({k: v for k, v in b.items() if k != "cache_control"}) for b in blocks_of(body))
+
+
 def _with_tool_prompt(reply: FakeReply, request: Any, model: str | None) -> FakeReply:
     """``reply`` billed as the API bills ``request``: its input counts the hidden tool prompt."""
     hidden = tool_prompt_tokens(request, model)
@@ -274,6 +307,7 @@ class FakeMessagesAPI:
         on_cut: Callable[[RecordedRequest, dict[str, Any]], None] | None = None,
         batch_seconds: float = 0.2,
         bills_tool_prompt: bool = False,
+        count_input: Callable[[dict[str, Any]], int] | None = None,
     ) -> None:
         # Bill no more output than the request's max_tokens, as the real API; off by default so
         # a test can script any usage it wants the client to see.
@@ -282,6 +316,11 @@ class FakeMessagesAPI:
         # does (``tool_prompt_tokens``); off by default, since the tests' scripted usages are
         # the exact figures they assert.
         self.bills_tool_prompt = bills_tool_prompt
+        # count_tokens: the input a request's reply would bill (``input_tokens`` by default);
+        # its requests, and how many of the next ones fail with a 500.
+        self.count_input = count_input or input_tokens
+        self.count_requests: list[RecordedRequest] = []
+        self.count_failures = 0
         # Answers a request when nothing is queued (a model that plays a plan, bench/chaos.py);
         # None from it resets the connection, as a dropped proxy would.
         self.responder = responder
@@ -438,6 +477,9 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             if path == "/v1/messages/batches":
                 self._create_batch(body)
                 return
+            if path == "/v1/messages/count_tokens":
+                self._count(body)
+                return
             model: str | None = None
             if path == "/v1/messages":
                 model = body.get("model") if isinstance(body, dict) else None
@@ -524,6 +566,24 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             else:
                 lines = "".join(json.dumps(r) + "\n" for r in batch["results"]).encode()
                 self._send(FakeReply(200, None, raw=lines))
+
+        def _count(self, body: Any) -> None:
+            """The input the request ``body`` would be billed, as ``/v1/messages`` bills it."""
+            recorded = RecordedRequest(
+                method="POST", path="/v1/messages/count_tokens", headers={k.lower(): v for k, v in self.headers.items()},
+                body=body, received_at=time.monotonic(), model=body.get("model") if isinstance(body, dict) else None,
+            )  # fmt: skip
+            with api._lock:
+                api.count_requests.append(recorded)
+                failing = api.count_failures > 0
+                api.count_failures -= failing
+            if failing:
+                self._send(error_reply(500, "api_error", "fake server: internal error"))
+            elif not isinstance(body, dict) or not body.get("messages") or "max_tokens" in body:
+                self._send(invalid_request("count_tokens: messages are required; max_tokens is not a field"))
+            else:
+                counted = api.count_input(body) + (tool_prompt_tokens(body) if api.bills_tool_prompt else 0)
+                self._send(FakeReply(200, {"input_tokens": counted}))
 
         def _create_batch(self, body: Any) -> None:
             with api._lock:

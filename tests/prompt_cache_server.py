@@ -25,30 +25,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fake_messages_api import FakeReply, RecordedRequest, error_reply, message_reply, usage_dict
+from tests.fake_messages_api import (
+    FakeReply,
+    RecordedRequest,
+    blocks_of,
+    error_reply,
+    message_reply,
+    tokens,
+    usage_dict,
+)
 
 LOOKBACK_BLOCKS = 20
 TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
-
-
-def tokens(block: Any) -> int:
-    return max(1, len(json.dumps(block, sort_keys=True, separators=(",", ":"))) // 4)
-
-
-def blocks_of(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The request's blocks in the order the API renders them (tools, system, messages)."""
-    out: list[dict[str, Any]] = [dict(t) for t in body.get("tools") or []]
-    system = body.get("system")
-    if isinstance(system, str):
-        out.append({"type": "text", "text": system})
-    elif isinstance(system, list):
-        out += [dict(b) for b in system]
-    for message in body.get("messages") or []:
-        content = message["content"]
-        if isinstance(content, str):
-            content = [{"type": "text", "text": content}]
-        out += [{**b, "_role": message["role"]} for b in content]
-    return out
 
 
 @dataclass

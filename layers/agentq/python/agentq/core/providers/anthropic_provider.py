@@ -25,6 +25,7 @@ import anthropic
 from agentq.core.errors import ProviderError
 from agentq.core.models import Usage
 from agentq.core.providers import caching
+from agentq.core.providers.anthropic_count import count_input
 from agentq.core.providers.anthropic_reply import to_llm_response
 from agentq.core.providers.base import (
     DEFAULT_MAX_CALL_SECONDS,
@@ -278,6 +279,11 @@ class AnthropicProvider(_MessagesProvider):
             checked_base_url(given, BASE_URL_VARIABLE, self.name)
             client = anthropic_client(api_key, base_url, timeout)
         super().__init__(client, retry or RetryPolicy.from_env(), sleep, rng, timeout)
+
+    def count_input_tokens(self, request: LLMRequest) -> int:
+        """``base.InputCounter``: the input a call of ``request`` is billed, counted free (``anthropic_count``)."""
+        return count_input(self._client, self._params(request), self.retry, self._sleep, self._rng, label=self.name,
+                           classify=anthropic_failure, timeout=self._cut_timeout())  # fmt: skip
 
     # Economy mode (``core.providers.base.BatchProvider``): one request per batch, so a task's
     # turn waits for nothing but itself; the custom_id ties the result to the task's step.

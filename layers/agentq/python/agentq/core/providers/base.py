@@ -89,6 +89,20 @@ class RemoteProvider(Protocol):
     def endpoint(self) -> str | None: ...
 
 
+@runtime_checkable
+class InputCounter(Protocol):
+    """A provider that can count a request's input before it is sent, as the call would be
+    billed for it (the Anthropic API's free ``count_tokens``: ``anthropic_count``). The engine
+    asks only for a call whose hold the cap shrank, where an estimate short of the bill would
+    pass the cap (``core.engine._input_count``, ARCHITECTURE 4); a provider without it is sized
+    on the estimate alone."""
+
+    def count_input_tokens(self, request: LLMRequest) -> int:
+        """The input tokens a call of ``request`` is billed (hidden prompts included), or
+        ``ProviderError`` once the retry policy gives up, as a call's failure."""
+        ...
+
+
 def checked_base_url(url: str | None, variable: str, provider: str) -> str | None:
     """``url`` (None: none given, the SDK's default), once it is a URL a client can call: an
     ``http://`` or ``https://`` one with a host. Without its scheme (``127.0.0.1:9/v1``,
