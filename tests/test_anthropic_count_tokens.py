@@ -11,7 +11,11 @@ from agentq.core.errors import ProviderError
 from agentq.core.providers import LLMRequest
 from agentq.core.providers.anthropic_provider import AnthropicProvider, BedrockProvider
 from agentq.core.providers.base import InputCounter
+from agentq.core.providers.bedrock_converse import BedrockConverseProvider
+from agentq.core.providers.features import FEATURES
+from agentq.core.providers.openai_provider import OpenAIProvider
 from agentq.core.providers.retry import RetryPolicy
+from agentq.core.providers.scripted import ScriptedProvider
 
 from tests.fake_messages_api import (
     FakeMessagesAPI,
@@ -69,3 +73,13 @@ def test_claude_on_bedrock_offers_no_count() -> None:
     """Its SDK client refuses ``count_tokens`` ("Token counting is not supported in Bedrock
     yet"): the engine sizes its calls on the estimate."""
     assert not isinstance(BedrockProvider(aws_region="us-east-1", base_url="http://127.0.0.1:9"), InputCounter)
+
+
+def test_the_provider_table_says_counted_near_the_cap_for_exactly_the_providers_that_count() -> None:
+    """The table the docs show (``features.FEATURES``) names the providers whose calls near the
+    cap are counted: those whose provider class has ``count_input_tokens``."""
+    classes = {"anthropic": AnthropicProvider, "bedrock": BedrockProvider, "bedrock-converse": BedrockConverseProvider,
+               "openai": OpenAIProvider, "scripted": ScriptedProvider}  # fmt: skip
+    assert set(classes) == set(FEATURES)
+    said = {name for name, f in FEATURES.items() if f.token_counting == "counted near the cap"}
+    assert said == {name for name, cls in classes.items() if hasattr(cls, "count_input_tokens")} == {"anthropic"}

@@ -24,8 +24,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
+    "InputCount": "calls",
     "LLMCall": "calls",
     "ToolCall": "calls",
+    "input_count": "calls",
     "llm_call": "calls",
     "tool_call": "calls",
     "CorrelationFilter": "correlation",
@@ -61,6 +63,7 @@ _SUBMODULES = frozenset(
 # Literal, so type checkers and linters see the public names; a test keeps it equal to _EXPORTS.
 __all__ = [
     "CorrelationFilter",
+    "InputCount",
     "LLMCall",
     "ToolCall",
     "api_metrics",
@@ -71,6 +74,7 @@ __all__ = [
     "enabled",
     "flush",
     "graded",
+    "input_count",
     "llm_call",
     "message_received",
     "metrics",
@@ -120,7 +124,7 @@ if TYPE_CHECKING:
     from agentq.observe import otel_metrics as otel_metrics
     from agentq.observe import otlp as otlp
     from agentq.observe import tracing as tracing
-    from agentq.observe.calls import LLMCall, ToolCall, llm_call, tool_call
+    from agentq.observe.calls import InputCount, LLMCall, ToolCall, input_count, llm_call, tool_call
     from agentq.observe.correlation import CorrelationFilter, bind, task_context
     from agentq.observe.emf import (
         api_metrics,

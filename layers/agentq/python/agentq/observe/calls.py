@@ -149,6 +149,44 @@ def llm_call(
 
 
 @dataclass
+class InputCount:
+    span: Span
+    otel_span: Any = None
+
+    def counted(self, tokens: int) -> None:
+        """The provider counted the request's input at ``tokens`` (billed nothing)."""
+        self.span.annotate(agentq_counted_input_tokens=tokens)
+        if self.otel_span is not None:
+            self.otel_span.set_attribute("agentq.counted_input_tokens", tokens)
+
+
+@contextmanager
+def input_count(
+    *, provider: str, model: str, task_id: str, step: int, endpoint: str | None = None
+) -> Iterator[InputCount]:
+    """Around a provider's count of a call's input before the call (``count_tokens``, asked for
+    a call whose hold the cap shrank: ``core.engine._input_count``); call ``counted`` with its
+    answer. A span and a subsegment as a model call's (``count_tokens <model>``), a failure on
+    them as ``error.type``; no GenAI client metric: it is no model call, and bills nothing."""
+    attributes: dict[str, str | int] = {
+        "gen_ai.operation.name": "count_tokens",
+        "gen_ai.provider.name": otel.genai_provider(provider),
+        "gen_ai.request.model": model,
+        "gen_ai.conversation.id": task_id,
+        **server_of(endpoint),
+    }
+    with span(f"count_tokens {model}") as s, otel.span(f"count_tokens {model}", attributes, client=True) as exported:
+        s.annotate(gen_ai_operation_name="count_tokens", gen_ai_request_model=model, task_id=task_id, step=step)
+        s.describe(attributes)
+        try:
+            yield InputCount(s, exported)
+        except BaseException as exc:
+            if exported is not None:
+                exported.set_attribute("error.type", error_type(exc))
+            raise
+
+
+@dataclass
 class ToolCall:
     span: Span
     tool: str  # the registered name, or UNREGISTERED_TOOL

@@ -12,12 +12,14 @@ corrected to the real usage). Only a hold its own run knows unspent goes back.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
 from dataclasses import dataclass
 
 from agentq import observe
+from agentq.core.engine._input_count import InputCount
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session, Shortfall
 from agentq.core.engine.config import EngineConfig
@@ -215,11 +217,12 @@ class BudgetHolds:
     def _spend(self, task: Task, held: Reservation, *, ticket: bool = True, forget_batch: bool = False) -> None:
         count_as_spent(self.budgets, task, held, ticket=ticket, forget_batch=forget_batch)
 
-    def reserve(self, s: Session) -> int | None:
+    def reserve(self, s: Session, count: InputCount | None = None) -> int | None:
         """Hold tokens for the next call; returns the amount, or None when the budget is spent.
 
         Tries the full estimate first; near the cap, shrinks the output allowance to what is
-        left (a last, shorter answer) before giving up. When it cannot, and an older epoch's
+        left (a last, shorter answer) before giving up, sized on the input ``count`` says where
+        it counts more than the estimate (``_input_count``). When it cannot, and an older epoch's
         call may still be charged, raises ``HoldsInFlight``: the task waits for that hold's
         deadline rather than overshoot the cap (its worker may report a usage below the hold
         meanwhile, and the difference comes back); past it the hold is counted as spent, and
@@ -231,7 +234,7 @@ class BudgetHolds:
         if kept is not None:
             return kept.amount
         self.release(s)
-        amount = self._try_hold(s, est_in, wanted)
+        amount = self._try_hold(s, est_in, wanted, count)
         if amount is None:
             lapsed = self.spend_lapsed(self.tasks.get(s.task_id))
             if lapsed.live:  # a lost lease's call may still be charged: wait for it, never overshoot
@@ -240,7 +243,7 @@ class BudgetHolds:
                 # Holds whose deadline passed since the claim were just counted as spent: that
                 # frees nothing, but they are unknown now, not held, and may alone stand in the
                 # way (``_unless_only_unknown``, which the try above weighed them as held for).
-                amount = self._try_hold(s, est_in, wanted)
+                amount = self._try_hold(s, est_in, wanted, count)
         return amount
 
     def estimate(self, s: Session, demand: tuple[int, int]) -> tuple[int, int]:
@@ -274,28 +277,43 @@ class BudgetHolds:
             return held
         return None
 
-    def _try_hold(self, s: Session, est_in: int, wanted: int) -> int | None:
+    def _try_hold(self, s: Session, est_in: int, wanted: int, count: InputCount | None = None) -> int | None:
         """The full estimate, else what is left (of tokens and of money) if it still allows a
-        short answer."""
+        short answer, on the input ``count`` says where it is more than the estimate."""
         try:
             self._hold(s, wanted, est_in)
             return wanted
         except BudgetExceeded:
             state = self.budgets.get(s.task.budget_id)
             self._unless_only_unknown(s, state, est_in, wanted)
-            affordable = est_in + self._affordable_output(s, est_in, state.available_micros)
-            amount = min(wanted, state.available, affordable)
-            least = self.least(s, wanted)
+            amount, least = self._fit(s, state, est_in, wanted)
+            sized = count.sized() if count is not None and least <= amount < wanted else None
+            if sized is not None and sized > est_in:  # a dense request: its output shrinks further
+                est_in, wanted = self.requests.demand(s, sized)
+                amount, least = self._fit(s, state, est_in, wanted)
             if amount < least:
                 self._unless_only_unknown(s, state, est_in, least)
-                s.shortfall = self._shortfall(s, state, least, self.hold_micros(s, least, est_in))
+                self._refused(s, state, least, est_in, count)
                 return None
             try:
                 self._hold(s, amount, est_in)
                 return amount
             except BudgetExceeded:  # another hold took what was left since the read: as it is now
-                s.shortfall = self._shortfall(s, None, least, self.hold_micros(s, least, est_in))
+                self._refused(s, None, least, est_in, count)
                 return None
+
+    def _refused(
+        self, s: Session, state: BudgetState | None, least: int, est_in: int, count: InputCount | None
+    ) -> None:
+        """The refusal's figures on ``s`` (``Shortfall``), naming the input ``count`` counted."""
+        short = self._shortfall(s, state, least, self.hold_micros(s, least, est_in))
+        s.shortfall = dataclasses.replace(short, counted_input=count.counted if count is not None else None)
+
+    def _fit(self, s: Session, state: BudgetState, est_in: int, wanted: int) -> tuple[int, int]:
+        """The hold a call of ``est_in`` input gets of what ``state`` has left (tokens, money),
+        at most its whole hold ``wanted``; and the least it goes with (``least``)."""
+        affordable = est_in + self._affordable_output(s, est_in, state.available_micros)
+        return min(wanted, state.available, affordable), self.least(s, wanted)
 
     def _shortfall(self, s: Session, state: BudgetState | None, tokens: int, micros: int) -> Shortfall:
         """A refused hold of ``tokens`` and ``micros`` against what the budget has left

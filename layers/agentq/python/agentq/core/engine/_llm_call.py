@@ -23,7 +23,8 @@ from agentq import observe
 from agentq.core.engine._caps import CallWindows
 from agentq.core.engine._cut import CutCall, call_until, settle_late
 from agentq.core.engine._finish import finish_without_step
-from agentq.core.engine._holds import BudgetHolds
+from agentq.core.engine._holds import MIN_OUTPUT_TOKENS, BudgetHolds
+from agentq.core.engine._input_count import allowance, refit, resized
 from agentq.core.engine._llm_route import ModelRouter, Route
 from agentq.core.engine._policy import PolicyGate, refuse_model_call
 from agentq.core.engine._session import LeaseState, Session
@@ -74,6 +75,9 @@ class Call:
     # The batch whose answer it reads, when ``window`` is the hold that batch's park recorded:
     # the commit of the answer settles it; anyone else only once they took it (``settling``).
     batch: str | None = None
+    # Under a hold the cap shrank: the input its allowance was sized on (the estimate, or its
+    # provider's count); a fallback's model counts it again (``_input_count.refit``).
+    sized: int | None = None
 
     @property
     def asked(self) -> LLMRequest:
@@ -209,8 +213,9 @@ class ModelCall:
     def fall_back(self, s: Session, call: Call, exc: ProviderError, demand: tuple[int, int]) -> RunResult | None:
         """The failed call goes to the next of the task's models (``ModelRouter.fall_over``), under
         a hold of its own when an attempt may have been billed (``rehold``); None when it goes
-        there, else how the run ends: no fallback, one a rule denies, or one the budget or a window
-        cannot hold for (nothing is sent to it, its admission goes back, and the failed model's
+        there, else how the run ends: no fallback, one a rule denies, one the budget or a window
+        cannot hold for, or one a shrunk hold leaves no answer once its provider counted the input
+        (``refit``) (nothing is sent to it, its admission goes back, and the failed model's
         failure was told to the fleet by ``fall_over``). A lease lost before its call starts gives
         back what was held for that call, never sent (as ``make`` does), and its admission."""
         route = self.router.fall_over(s.task, s.steps, call.route, exc, demand)
@@ -220,7 +225,9 @@ class ModelCall:
         if refused is not None:
             return self.failed(s, call, exc, refused)
         try:
-            if call.may_be_billed and not self.rehold(s, call):
+            if (call.sized is not None and not self.refit(s, call, route)) or (
+                call.may_be_billed and not self.rehold(s, call)
+            ):
                 self.router.give_back(s.task.submission, route)
                 return self.failed(s, call, exc, told_fleet=True)
             call.route = route
@@ -230,6 +237,22 @@ class ModelCall:
             self.unspent(s, call)  # a possibly billed attempt's hold is spent already (``rehold``)
             raise
         return None
+
+    def refit(self, s: Session, call: Call, route: Route) -> bool:
+        """A call under a shrunk hold goes to ``route``'s model sized on its input as that model's
+        provider counts it, where it can (another tokenizer may count more: ``_input_count``);
+        False when what the hold leaves it is below the shortest answer, or the count fails."""
+        assert call.sized is not None
+        try:
+            sized = refit(self.providers, s, route.submission(s.task.submission), route.asked(call.request), call.sized)
+        except ProviderError as exc:
+            log.warning("task %s: the fallback's count of the call's input failed (%s): not sent", s.task_id, exc.code)
+            return False
+        max_out = allowance(self.holds.requests, s, call.reserved, sized)
+        if max_out < MIN_OUTPUT_TOKENS:
+            return False
+        call.request, call.max_out, call.sized = resized(call.request, max_out), max_out, sized
+        return True
 
     def vetted(self, s: Session, route: Route) -> Verdict | None:
         """The fallback that is to take the call makes a model call of its own: checked as the

@@ -17,6 +17,7 @@ from agentq.core.engine._caps import CallWindows
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._holds import BudgetHolds
+from agentq.core.engine._input_count import InputCount, allowance
 from agentq.core.engine._llm_answer import Answers
 from agentq.core.engine._llm_batch import RECORDED, Batches
 from agentq.core.engine._llm_call import Call, ModelCall
@@ -77,7 +78,16 @@ class LLMTurn:
             if verdict.effect != "allow":  # nothing was sent: the task ends, naming the rule
                 self.router.give_back(sub, route)
                 return refuse_model_call(self.tasks, self.holds, s, verdict)
-        reserved = self.holds.reserve(s)
+        # A hold the cap shrinks is sized on its input as the provider counts it (``_input_count``).
+        count = None if batch is not None else InputCount(
+            self.calls.providers, s, route.submission(s.task.submission),
+            lambda: route.asked(self.requests.request(s, self.requests.max_out(s))),
+        )  # fmt: skip
+        try:
+            reserved = self.holds.reserve(s, count)
+        except ProviderError as exc:  # its input could not be counted: nothing sent on a guess, as an unbilled failure
+            call = Call(self.requests.request(s, self.requests.max_out(s)), 0, 0, False, None, route)
+            return self.calls.failed(s, call, exc)
         if reserved is None:
             observe.record_budget_refusal("task")
             return finish_without_step(self.tasks, self.holds, s, TaskStatus.COST_EXCEEDED)
@@ -96,12 +106,14 @@ class LLMTurn:
                 return taken
             window = taken
         # The output allowance: what the hold leaves past all the call may read (its whole hold
-        # less the allowance asked for: ``BudgetHolds.least``), never more than that allowance.
-        full_out = self.requests.max_out(s)
-        max_out = min(full_out, reserved - (demand[1] - full_out))
+        # less the allowance asked for: ``BudgetHolds.least``), never more than that allowance;
+        # a shrunk hold's past the input its provider counted, where that is more than the estimate.
+        sized = count.input_or(demand[0]) if count is not None else demand[0]
+        max_out = allowance(self.requests, s, reserved, sized)
+        shrunk = reserved < demand[1] or sized > demand[0]
         call = Call(
             self.requests.request(s, max_out), max_out, reserved, self.requests.compacting(s), window, route,
-            batch=str(kept["id"]) if kept is not None else None,
+            batch=str(kept["id"]) if kept is not None else None, sized=sized if shrunk else None,
         )  # fmt: skip
         held = s.task.inflight
         s.sent_hold_step = held.step if held else s.next_step  # from here the call may be on the wire

@@ -19,7 +19,7 @@ from agentq.core.context import (
 from agentq.core.engine._session import Session
 from agentq.core.engine.conversation import estimate_input_tokens, offered_tools, task_tools
 from agentq.core.fanout import SPAWN_TOOL
-from agentq.core.models import ASKS, CompactStep, Constraints, LLMStep
+from agentq.core.models import ASKS, CompactStep, Constraints, LLMStep, TaskSubmission
 from agentq.core.output import INSTRUCTION as OUTPUT_INSTRUCTION
 from agentq.core.output import final_answer_tool
 from agentq.core.providers import LLMRequest
@@ -107,9 +107,8 @@ class RequestBuilder:
         if boundary or s.task.compacted_at:
             tools.append(recall_tool().schema())
         thinking = sub.constraints.thinking_budget_tokens
-        native = sub.constraints.compaction == "native"
         return LLMRequest(
-            compact_at=int(context_window(sub.model) * sub.constraints.context_threshold) if native else None,
+            compact_at=native_trigger(sub),
             model=sub.model,
             system=system,
             # A compaction sends the turn's own request plus the instruction (the same tools
@@ -125,14 +124,24 @@ class RequestBuilder:
 
     def wanted_reservation(self, s: Session) -> tuple[int, int]:
         """(input estimate, full reservation) for the next LLM call."""
-        max_out = self.max_out(s)
-        request = self.request(s, max_out)
-        est_in = estimate_input_tokens(request)
-        if request.compact_at and est_in >= request.compact_at * NATIVE_TRIGGER_MARGIN:
+        return self.demand(s, estimate_input_tokens(self.request(s, self.max_out(s))))
+
+    def demand(self, s: Session, est_in: int) -> tuple[int, int]:
+        """(input, full reservation) of the next LLM call taken to read ``est_in`` tokens: its
+        estimate, or more where its provider counted more (``_input_count``)."""
+        max_out, compact_at = self.max_out(s), native_trigger(s.task.submission)
+        if compact_at and est_in >= compact_at * NATIVE_TRIGGER_MARGIN:
             # The server may compact first: a call of its own that reads the context and writes
             # a summary, billed with this one. Its hold covers that too, so used <= cap holds.
             return est_in, est_in + max_out + est_in + NATIVE_SUMMARY_TOKENS
         return est_in, est_in + max_out
+
+
+def native_trigger(sub: TaskSubmission) -> int | None:
+    """The input at which the server compacts a call's conversation first (native compaction)."""
+    if sub.constraints.compaction != "native":
+        return None
+    return int(context_window(sub.model) * sub.constraints.context_threshold)
 
 
 def _estimate(model: str, system: str | None, messages: list[dict[str, Any]]) -> int:

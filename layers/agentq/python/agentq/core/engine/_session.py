@@ -55,12 +55,16 @@ class Shortfall:
     could hold (``needed_*``) against what the budget had left (``available_*``), in tokens and
     in millionths of a dollar. The task's error names each unit that is short, one or both
     (``_stops.budget_error``): a person raising the cap learns by how much, and a check of the
-    ledger can tell an ending the billed usage caused from one the unknown did (bench/chaos.py)."""
+    ledger can tell an ending the billed usage caused from one the unknown did (bench/chaos.py).
+    ``counted_input``: the call's input as its provider counted it before the hold was refused
+    (``_input_count``: a shrunk hold's call); ``needed_tokens`` then reads it, with its margin,
+    where it is more than the estimate."""
 
     needed_tokens: int
     available_tokens: int
     needed_micros: int
     available_micros: int
+    counted_input: int | None = None
 
     @property
     def of_tokens(self) -> bool:

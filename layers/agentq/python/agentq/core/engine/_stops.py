@@ -57,6 +57,9 @@ def budget_error(s: Session) -> dict[str, Any]:
     if short is not None and of_tokens:
         figures.update(needed_tokens=short.needed_tokens, available_tokens=short.available_tokens)
         said.append(f"needs at least {short.needed_tokens} tokens and {short.available_tokens} are left")
+    if short is not None and short.counted_input is not None and (of_tokens or of_money):
+        figures.update(counted_input_tokens=short.counted_input)
+        said.append(f"reads {short.counted_input} input tokens as its provider counted them")
     if short is not None and of_money:
         needed, available = usd_text(short.needed_micros), usd_text(short.available_micros)
         figures.update(needed_usd=needed, available_usd=available)

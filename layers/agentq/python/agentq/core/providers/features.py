@@ -19,7 +19,7 @@ from typing import Literal
 
 from agentq.core.errors import ValidationError
 
-Support = Literal["yes", "no", "per model", "automatic", "estimate"]
+Support = Literal["yes", "no", "per model", "automatic", "estimate", "counted near the cap"]
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,14 @@ class Features:
     effort: Support  # constraints.effort
     structured_output: Support  # output_schema: through the final_answer tool, so tool use is enough
     streaming: Support  # long outputs streamed (AGENTQ_STREAM_ABOVE_TOKENS)
-    token_counting: Support  # how a call's budget hold is sized: "estimate" (3 characters a token over the JSON)
+    # How a call's budget hold is sized: "estimate" (3 characters a token over the JSON, and the
+    # hidden tool prompt); "counted near the cap": a hold the cap shrank is sized on the input the
+    # provider counts where that is more (``base.InputCounter``, ``core.engine._input_count``).
+    token_counting: Support
 
 
 FEATURES: dict[str, Features] = {
-    "anthropic": Features("yes", "yes", "yes", "yes", "yes", "yes", "yes", "yes", "estimate"),
+    "anthropic": Features("yes", "yes", "yes", "yes", "yes", "yes", "yes", "yes", "counted near the cap"),
     "bedrock": Features("yes", "no", "yes", "no", "yes", "yes", "yes", "yes", "estimate"),
     "bedrock-converse": Features("per model", "no", "yes", "no", "per model", "no", "yes", "yes", "estimate"),
     "openai": Features("automatic", "no", "yes", "no", "no", "no", "yes", "yes", "estimate"),
