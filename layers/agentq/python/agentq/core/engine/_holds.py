@@ -287,7 +287,9 @@ class BudgetHolds:
             state = self.budgets.get(s.task.budget_id)
             self._unless_only_unknown(s, state, est_in, wanted)
             amount, least = self._fit(s, state, est_in, wanted)
-            sized = count.sized() if count is not None and least <= amount < wanted else None
+            sized = None
+            if count is not None and least <= amount < wanted:  # shrunk: counted, asking the allowance it leaves
+                sized = count.sized(amount - (wanted - self.requests.max_out(s)))
             if sized is not None and sized > est_in:  # a dense request: its output shrinks further
                 est_in, wanted = self.requests.demand(s, sized)
                 amount, least = self._fit(s, state, est_in, wanted)

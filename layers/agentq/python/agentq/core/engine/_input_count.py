@@ -53,23 +53,25 @@ class InputCount:
     when asked (``sized``), so a call whose hold is whole makes no request for it."""
 
     def __init__(
-        self, providers: ProviderFactory, s: Session, submission: TaskSubmission, request: Callable[[], LLMRequest]
+        self, providers: ProviderFactory, s: Session, submission: TaskSubmission, request: Callable[[int], LLMRequest]
     ) -> None:
         self.providers, self.submission, self._request = providers, submission, request
         self.task_id, self.step = s.task_id, s.next_step
         self.counted: int | None = None  # what the provider said
         self.uncountable = False  # its provider cannot count
 
-    def sized(self) -> int | None:
+    def sized(self, max_tokens: int) -> int | None:
         """The input to size the call on where its provider counts (the count and its
         ``margin``); None where it cannot. ``ProviderError`` when the count fails past its
-        retries (or the provider cannot be made): the call must not go on a guess."""
+        retries (or the provider cannot be made): the call must not go on a guess. The request
+        counted asks ``max_tokens`` (the allowance the estimate leaves it): it decides whether
+        the request thinks, as it will be sent (``RequestBuilder.request``)."""
         if self.counted is None and not self.uncountable:
             provider = self.providers(self.submission)
             if not isinstance(provider, InputCounter):
                 self.uncountable = True
                 return None
-            request = self._request()
+            request = self._request(max_tokens)
             endpoint = provider.endpoint if isinstance(provider, RemoteProvider) else None
             with observe.input_count(provider=self.submission.provider, model=request.model, task_id=self.task_id,
                                      step=self.step, endpoint=endpoint) as noted:  # fmt: skip
@@ -97,7 +99,7 @@ def refit(providers: ProviderFactory, s: Session, submission: TaskSubmission, re
     """The input a shrunk call sized on ``sized`` is taken to read once ``request`` goes to the
     model of ``submission`` (a fallback's): the larger of ``sized`` and that model's count, where
     its provider counts. ``ProviderError`` as ``InputCount.sized``."""
-    counted = InputCount(providers, s, submission, lambda: request).sized()
+    counted = InputCount(providers, s, submission, lambda _: request).sized(request.max_tokens)
     return sized if counted is None else max(sized, counted)
 
 

@@ -81,7 +81,7 @@ class LLMTurn:
         # A hold the cap shrinks is sized on its input as the provider counts it (``_input_count``).
         count = None if batch is not None else InputCount(
             self.calls.providers, s, route.submission(s.task.submission),
-            lambda: route.asked(self.requests.request(s, self.requests.max_out(s))),
+            lambda max_tokens: route.asked(self.requests.request(s, max_tokens)),
         )  # fmt: skip
         try:
             reserved = self.holds.reserve(s, count)
