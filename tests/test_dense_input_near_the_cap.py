@@ -172,7 +172,7 @@ def test_a_shrunk_call_whose_input_cannot_be_counted_is_not_sent_and_goes_once_i
 ) -> None:
     """The count endpoint answering 500s: the count is retried as a model call is (the
     provider's policy), then the call is not sent on a guess. The turn ends as a model call that
-    failed unbilled does (``retry``, ``provider_server_error``, its hold back), the task goes on
+    failed unbilled does (``retry``, ``provider_server_error``, nothing held), the task goes on
     once its input can be counted, and ends under its cap."""
     monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", FAST_RETRIES)
     with FakeMessagesAPI(responder=_respond, bills_tool_prompt=True, count_input=dense_input) as api:
