@@ -1,24 +1,28 @@
 """Memory writes under real processes on moto server: a worker SIGKILLed around a
 ``memory_write`` never leads to a second write (the version records the task and step), and two
-tasks writing one document from the same read: one wins, the other is told, nothing is lost."""
+tasks writing one document from the same read: one wins, the other is told, nothing is lost. A
+write (or a store's creation) whose answer was lost after it committed, and that botocore sent
+again, is answered as done, not as a conflict with itself."""
 
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
-from agentq.core.memory import Author, MemoryStoreSpec, content_sha256
+from agentq.core.memory import Author, MemoryConflict, MemoryStoreSpec, content_sha256
 from agentq.core.models import TaskStatus, TaskSubmission, ToolsStep
 from agentq.runtime import Settings, build_store
 from agentq.storage.container import Storage
 from agentq.worker import run_task
 
 from tests.conftest import child_env
-from tests.helpers import agentq_process, call
+from tests.helpers import agentq_process, call, dynamo
 
 PATH = "/customers/ann.md"
 
@@ -107,3 +111,60 @@ def test_two_tasks_writing_one_document_from_the_same_read_one_wins_and_the_othe
     history = store.memory_stores.versions("t", "shop", PATH)
     assert [v.version for v in history] == [2, 1] and history[0].created_by.task_id == winners[0]
     assert content_sha256(won.content or "") == won.content_sha256
+
+
+@contextmanager
+def _first_answer_lost(store: Storage, operation_name: str) -> Iterator[list[str]]:
+    """botocore sends ``operation_name`` again once after its first answer, as it does when that
+    answer is lost (standard retries: a connection error or read timeout, a 5xx): the first
+    request reached DynamoDB and committed. moto does not honour ``ClientRequestToken``, so the
+    resent request is refused as DynamoDB refuses one whose token it no longer remembers."""
+    seen: list[str] = []
+
+    def retry_once(attempts: int, response: Any, operation: Any, **_: Any) -> float | None:
+        if operation.name == operation_name and not seen and response is not None:
+            seen.append("resent")
+            return 0.0  # send it again now
+        return None
+
+    events = dynamo(store).client.meta.events
+    events.register_first("needs-retry.dynamodb", retry_once)
+    try:
+        yield seen
+    finally:
+        events.unregister("needs-retry.dynamodb", retry_once)
+
+
+def test_a_task_write_the_sdk_sent_twice_is_reported_written_not_a_conflict(store: Storage) -> None:
+    store.memory_stores.create_store("t", MemoryStoreSpec(name="shop"))
+    base, _ = store.memory_stores.write("t", "shop", PATH, "ordered: lamp", author=Author(type="api"))
+    mine = "ordered: lamp; asked for a red shade"
+    author = Author(type="task", task_id="task-1", step=1, tool_use_id="toolu_1")
+    with _first_answer_lost(store, "TransactWriteItems") as resent:
+        doc, written = store.memory_stores.write(
+            "t", "shop", PATH, mine, author=author, expected_sha256=base.content_sha256
+        )
+    assert resent == ["resent"]
+    assert written and doc.content_sha256 == content_sha256(mine) and doc.version == 2
+    assert [v.version for v in store.memory_stores.versions("t", "shop", PATH)] == [2, 1]
+
+
+def test_a_delete_the_sdk_sent_twice_answers_its_version_not_that_the_document_is_gone(store: Storage) -> None:
+    store.memory_stores.create_store("t", MemoryStoreSpec(name="shop"))
+    base, _ = store.memory_stores.write("t", "shop", PATH, "ordered: lamp", author=Author(type="api"))
+    with _first_answer_lost(store, "TransactWriteItems") as resent:
+        deleted = store.memory_stores.delete_document(
+            "t", "shop", PATH, author=Author(type="api"), expected_sha256=base.content_sha256
+        )
+    assert resent == ["resent"]
+    assert (deleted.version, deleted.operation) == (2, "deleted")
+    assert store.memory_stores.get_store("t", "shop").documents == 0
+
+
+def test_a_store_creation_the_sdk_sent_twice_answers_the_store_not_that_it_exists(store: Storage) -> None:
+    with _first_answer_lost(store, "PutItem") as resent:
+        made = store.memory_stores.create_store("t", MemoryStoreSpec(name="shop", max_documents=5))
+    assert resent == ["resent"]
+    assert made.name == "shop" and made.max_documents == 5
+    with pytest.raises(MemoryConflict):  # another creation under the name is refused still
+        store.memory_stores.create_store("t", MemoryStoreSpec(name="shop"))

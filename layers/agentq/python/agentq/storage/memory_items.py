@@ -1,12 +1,15 @@
 """A memory store's items (``storage.memory_stores``) as ``core.memory``'s models, their keys,
 and what the store's reads and writes share: the path check, the precondition's refusal, a
-version past its retention, a store being deleted and its deletion carried out, a search hit.
+version past its retention, a store being deleted and its deletion carried out, a search hit,
+a write's attempt found applied (``landed``) and tried again (``Retry``).
 
 Apart from ``memory_stores`` so that each module stays a size one reads whole."""
 
 from __future__ import annotations
 
 import contextlib
+import random
+import time
 from typing import TYPE_CHECKING
 
 from agentq.core.errors import ValidationError
@@ -39,6 +42,10 @@ if TYPE_CHECKING:
     from boto3.dynamodb.conditions import ConditionBase
 
 SNIPPET_CHARS = 240
+CONFLICT_BACKOFF_SECONDS = 0.02  # the first wait's ceiling after a TransactionConflict; doubles, up to 0.5 s
+# The attempt that wrote a version, or created a store (``storage.memory_stores``' docstring): a
+# resent request refused finds its own id in place and counts as done.
+WRITE_ID = "write_id"
 # The STORE item's mark of a deletion under way (a token): from it on, the store is not found,
 # no write passes, and the name stays taken until the deletion removes the STORE item, last.
 DELETING = "deleting"
@@ -90,6 +97,13 @@ def checked_path(path: str, *, prefix: bool = False, field: str | None = None) -
 def expired(item: Item, now: float) -> bool:
     """DynamoDB's TTL deletes within days of ``expires_at``, not at it: a read hides what is due."""
     return "expires_at" in item and float(item["expires_at"]) <= now
+
+
+def landed(table: Table, version_item: Item, write: str) -> bool:
+    """Whether the attempt ``write`` was applied: the version it puts holds its id (a version is
+    written once, only if absent, so no later write replaces it)."""
+    found = table.get({"pk": version_item["pk"], "sk": version_item["sk"]})
+    return found is not None and found.get(WRITE_ID) == write
 
 
 def store_key(tenant: str, name: str) -> dict[str, str]:
@@ -178,3 +192,17 @@ def search_hit(item: Item, words: list[str]) -> MemorySearchHit | None:
     return MemorySearchHit(
         path=path, content_sha256=str(item["content_sha256"]), matches=sum(counts), snippet=snippet(content, words[0])
     )
+
+
+class Retry(Exception):
+    """The head moved under the transaction: read it again. ``busy``: the transaction met another
+    on the store's item (TransactionConflict) and wrote nothing: wait a little first, as the
+    other writers of that hot item would all try again at once."""
+
+    def __init__(self, *, busy: bool = False) -> None:
+        super().__init__("try the write again")
+        self.busy = busy
+
+    def wait(self, attempt: int) -> None:
+        if self.busy:
+            time.sleep(random.uniform(0, min(0.5, CONFLICT_BACKOFF_SECONDS * 2**attempt)))

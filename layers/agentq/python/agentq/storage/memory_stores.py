@@ -9,7 +9,8 @@ Items (``storage.keys``), all in the partition ``MEMSTORE#<tenant>#<name>``:
 - ``VER#<path>#<version, 9 digits>``: one change (created, modified, deleted) with its content
   and author (the task, step and ``tool_use_id`` that made it, or the API key), written once,
   only if absent; redaction removes its content and stamps ``redacted_at``; ``expires_at``
-  (the store's retention after it was written) lets DynamoDB's TTL drop it.
+  (the store's retention after it was written) lets DynamoDB's TTL drop it; ``write_id``: the
+  attempt that wrote it (below).
 
 A write is one transaction: the lease check (a task's write: the worker still holds the task,
 so a zombie writes nothing), the store (it exists; one more document only below its limit), the
@@ -21,6 +22,15 @@ the other learns it lost, nothing is lost. Every write of a store transacts on i
 item, so two writers of any two of its documents may meet there (DynamoDB's
 ``TransactionConflict``: nothing written): the write is tried again after a jittered wait.
 
+Each attempt is applied once, though its answer is lost after DynamoDB applied it (a 500, a
+connection reset, a read timeout) and botocore sends it again: the attempt's id is its
+``ClientRequestToken`` (DynamoDB answers the resent request as the write it applied) and the
+``write_id`` of the version it puts; a resend refused where the token is not honoured (moto)
+finds that version in its place and returns as the attempt would have. Else the writer's own
+committed write would come back as a conflict with its own content. A store's creation keeps
+its ``write_id`` on the STORE item likewise (a ``PutItem`` takes no token): a resent create
+that finds it answers the store it made, not 409.
+
 A store is deleted in steps, each safe to repeat: the STORE item is marked ``deleting`` (from
 then on no write passes, the store is not found, and the name stays taken), the partition's
 other items are deleted, then the STORE item. Interrupted, the mark stays: deleting the store
@@ -29,7 +39,6 @@ again, or creating one under its name, finishes the deletion.
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from typing import Any
@@ -56,6 +65,8 @@ from agentq.storage.leases import why_fenced
 from agentq.storage.memory_items import (
     DELETING,
     LISTED,
+    WRITE_ID,
+    Retry,
     checked_path,
     conflict,
     doc_key,
@@ -63,6 +74,7 @@ from agentq.storage.memory_items import (
     expired,
     finish_deletion,
     is_live,
+    landed,
     live,
     search_hit,
     store_key,
@@ -88,7 +100,6 @@ from agentq.storage.table import (
 
 DAY_SECONDS = 86_400
 ATTEMPTS = 8
-CONFLICT_BACKOFF_SECONDS = 0.02  # the first wait's ceiling after a TransactionConflict; doubles, up to 0.5 s
 LIST_PAGE = 100
 MAX_SEARCH_HITS = 20
 
@@ -106,6 +117,7 @@ class MemoryStores:
         """A new store; its name taken by one whose deletion was interrupted, that deletion is
         finished first (so a name is never kept by a deletion that will not go on)."""
         now = time.time()
+        write = uuid.uuid4().hex  # this creation, however often botocore sends it
         item = {
             "pk": keys.memory_store_pk(tenant, spec.name),
             "sk": keys.MEMORY_STORE,
@@ -116,6 +128,7 @@ class MemoryStores:
             "updated_at": now,
             "gsi1pk": keys.tenant_memory_stores_pk(tenant),
             "gsi1sk": spec.name,
+            WRITE_ID: write,
         }
         for _ in range(ATTEMPTS):
             try:
@@ -123,6 +136,8 @@ class MemoryStores:
                 return store_of(item)
             except ConditionFailed as exc:
                 old = exc.old if exc.old is not None else self.table.get(store_key(tenant, spec.name))
+            if is_live(old) and old is not None and old.get(WRITE_ID) == write:
+                return store_of(old)  # this creation went through; its answer was lost and its resend refused
             if is_live(old):
                 raise MemoryConflict(f"a memory store named {spec.name!r} exists already", field="name")
             if old is not None:
@@ -286,7 +301,7 @@ class MemoryStores:
             operation: Operation = "modified" if exists else "created"
             try:
                 self._change(tenant, settings, path, head, version, operation, content, author, lease, adds=not exists)
-            except _Retry as retry:
+            except Retry as retry:
                 retry.wait(attempt)
                 continue
             return self.read(tenant, store, path), True
@@ -316,7 +331,7 @@ class MemoryStores:
             version = int(head["version"]) + 1
             try:
                 self._change(tenant, settings, path, head, version, "deleted", None, author, lease, adds=False)
-            except _Retry as retry:
+            except Retry as retry:
                 retry.wait(attempt)
                 continue
             return self.version(tenant, store, path, version)
@@ -337,10 +352,12 @@ class MemoryStores:
         adds: bool,
     ) -> None:
         """One transaction: lease, store (present, not being deleted), head from ``version - 1``
-        to ``version``, the version. ``_Retry`` when the head moved or the store item was busy."""
+        to ``version``, the version. ``Retry`` when the head moved or the store item was busy;
+        returns when this attempt is found applied (its resend refused: the module's docstring)."""
         from boto3.dynamodb.conditions import Attr
 
         now = time.time()
+        write = uuid.uuid4().hex  # this attempt, one request however often botocore sends it
         pk = keys.memory_store_pk(tenant, settings.name)
         by = author.model_dump(exclude_none=True)
         state: dict[str, Any] = (
@@ -360,7 +377,7 @@ class MemoryStores:
         version_item = {
             "pk": pk, "sk": keys.memory_version_sk(path, version), "path": path, "version": version,
             "operation": operation, "created_at": now, "created_by": by,
-            "expires_at": int(now + settings.version_retention_days * DAY_SECONDS),
+            "expires_at": int(now + settings.version_retention_days * DAY_SECONDS), WRITE_ID: write,
             **({} if content is None else state),
         }  # fmt: skip
         at = store_key(tenant, settings.name)
@@ -381,10 +398,14 @@ class MemoryStores:
             Put("version", version_item, absent()),
         ]
         try:
-            self.table.transact(actions)
+            self.table.transact(actions, token=write)
         except TransactionConflict as exc:
-            raise _Retry(busy=True) from exc  # another write of this store's STORE item, at the same moment
+            if landed(self.table, version_item, write):
+                return
+            raise Retry(busy=True) from exc  # another write of this store's STORE item, at the same moment
         except TransactionCancelled as exc:
+            if landed(self.table, version_item, write):
+                return  # this attempt went through; its answer was lost and its resend refused
             if "lease" in exc.failed and lease is not None:
                 raise why_fenced(self.table, lease) from exc
             if "store" in exc.failed:
@@ -398,7 +419,7 @@ class MemoryStores:
                         "delete one or raise max_documents",
                         field="path",
                     ) from exc
-            raise _Retry() from exc
+            raise Retry() from exc
 
     # --- versions -------------------------------------------------------------------------
 
@@ -464,17 +485,3 @@ class MemoryStores:
         hits = [hit for item in items if not item.get("deleted") and (hit := search_hit(item, words)) is not None]
         hits.sort(key=lambda hit: (-hit.matches, hit.path))
         return hits[: max(1, min(limit, MAX_SEARCH_HITS))]
-
-
-class _Retry(Exception):
-    """The head moved under the transaction: read it again. ``busy``: the transaction met another
-    on the store's item (TransactionConflict) and wrote nothing: wait a little first, as the
-    other writers of that hot item would all try again at once."""
-
-    def __init__(self, *, busy: bool = False) -> None:
-        super().__init__("try the write again")
-        self.busy = busy
-
-    def wait(self, attempt: int) -> None:
-        if self.busy:
-            time.sleep(random.uniform(0, min(0.5, CONFLICT_BACKOFF_SECONDS * 2**attempt)))
