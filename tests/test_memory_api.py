@@ -73,6 +73,7 @@ def test_a_store_is_created_written_read_and_audited_over_http_and_another_tenan
         ("PUT", "/memory-stores/{store}/document?path=/a", {"content": "x", "expected_content_sha256": "nope"}, 422,
          "expected_content_sha256"),
         ("GET", "/memory-stores/{store}/search?query=", None, 422, "query"),
+        ("GET", "/memory-stores/{store}/search?query=" + "+".join(f"w{i}" for i in range(17)), None, 422, "query"),
         ("POST", "/tasks", {"goal": "g", "provider": "scripted", "script": "research",
                             "memory": [{"store": "Bad Name"}]}, 422, "memory[0].store"),
         ("POST", "/tasks", {"goal": "g", "provider": "scripted", "script": "research",

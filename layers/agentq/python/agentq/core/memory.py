@@ -50,6 +50,10 @@ MAX_DOCUMENT_BYTES = 102_400  # Claude Managed Agents' 100 kB; a version is one 
 MAX_DOCUMENTS = 10_000  # the ceiling of a store's own limit: a search reads the whole store
 DEFAULT_MAX_DOCUMENTS = 1_000
 DEFAULT_RETENTION_DAYS = 30
+# Different words a search takes: each is a scan of every document it reads (the whole store),
+# so the words bound its cost; more is refused naming ``query`` (``storage.memory_items.query_words``).
+MAX_QUERY_WORDS = 16
+MAX_QUERY_CHARS = 500
 
 Operation = Literal["created", "modified", "deleted"]
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from agentq.core.errors import ValidationError
 from agentq.core.memory import (
+    MAX_QUERY_WORDS,
     Author,
     MemoryConflict,
     MemoryDocument,
@@ -182,13 +183,33 @@ def finish_deletion(table: Table, tenant: str, name: str, mark: str) -> None:
         table.delete(key, condition=Attr(DELETING).eq(mark))
 
 
+def query_words(query: str) -> list[str]:
+    """A search's words: lowercase, each once, in the query's order; at most ``MAX_QUERY_WORDS``.
+    Each word is a scan of every document the search reads (the whole store, up to 10,000 of
+    100 kB): 250 words of one letter on 1,000 documents of 100 kB took 57 s holding the GIL.
+    More is refused naming ``query``, not cut silently: a search needs every word, so dropping
+    some would answer documents the caller did not ask for."""
+    words = list(dict.fromkeys(query.lower().split()))
+    if not words:
+        raise ValidationError("query: give at least one word", field="query")
+    if len(words) > MAX_QUERY_WORDS:
+        raise ValidationError(
+            f"query: {len(words)} different words; a search takes at most {MAX_QUERY_WORDS} "
+            "(a document must hold every one)",
+            field="query",
+        )
+    return words
+
+
 def search_hit(item: Item, words: list[str]) -> MemorySearchHit | None:
-    """A document head as a search hit, if its path and content hold every word (lowercase)."""
+    """A document head as a search hit, if its path and content hold every word (``query_words``):
+    the text lowercased once, and no word counted before every one is found (a scan that stops at
+    the first occurrence), so a document missing a word costs at most one scan per word."""
     path, content = str(item["path"]), str(item["content"])
     text = f"{path}\n{content}".lower()
-    counts = [text.count(word) for word in words]
-    if not all(counts):
+    if not all(word in text for word in words):
         return None
+    counts = [text.count(word) for word in words]
     return MemorySearchHit(
         path=path, content_sha256=str(item["content_sha256"]), matches=sum(counts), snippet=snippet(content, words[0])
     )

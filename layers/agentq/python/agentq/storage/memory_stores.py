@@ -76,6 +76,7 @@ from agentq.storage.memory_items import (
     is_live,
     landed,
     live,
+    query_words,
     search_hit,
     store_key,
     store_of,
@@ -474,12 +475,11 @@ class MemoryStores:
     # --- search ---------------------------------------------------------------------------
 
     def search(self, tenant: str, store: str, query: str, *, limit: int = 10) -> list[MemorySearchHit]:
-        """Documents holding every word of ``query`` (case-insensitive) in their path or content,
-        most occurrences first. It reads the whole store (one Query), which its document limit
-        bounds; there is no index to keep in step with the writes."""
-        words = [w for w in query.lower().split() if w]
-        if not words:
-            raise ValidationError("query: give at least one word", field="query")
+        """Documents holding every word of ``query`` (case-insensitive; each word once, at most
+        ``MAX_QUERY_WORDS``: ``query_words``) in their path or content, most occurrences first.
+        It reads the whole store (one Query), which its document limit bounds; there is no index
+        to keep in step with the writes."""
+        words = query_words(query)
         self.get_store(tenant, store)
         items = self.table.query(keys.memory_store_pk(tenant, store), prefix=keys.MEMORY_DOC)
         hits = [hit for item in items if not item.get("deleted") and (hit := search_hit(item, words)) is not None]

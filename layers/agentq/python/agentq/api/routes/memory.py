@@ -34,6 +34,8 @@ from agentq.api.memory_models import (
 from agentq.api.routes.common import ApiDeps, PageCursor, Router, page_cursor
 from agentq.core.memory import (
     MAX_PATH_BYTES,
+    MAX_QUERY_CHARS,
+    MAX_QUERY_WORDS,
     MEMORY_STORE_PATTERN,
     PATH_PATTERN,
     PATH_PREFIX_PATTERN,
@@ -251,7 +253,15 @@ def router(deps: ApiDeps) -> Router:
                 operation_id="searchMemory", tags=TAGS, responses=responses(200, MemorySearchResult, 404, 422))  # fmt: skip
     def search(
         name: StoreName,
-        query: Annotated[str, Query(min_length=1, max_length=500, description="words to find, case-insensitive")],
+        query: Annotated[
+            str,
+            Query(
+                min_length=1,
+                max_length=MAX_QUERY_CHARS,
+                description="words to find, case-insensitive, every one in a document; at most "
+                f"{MAX_QUERY_WORDS} different words (else 422 naming query)",
+            ),
+        ],
         limit: Annotated[int, Query(ge=1, le=20)] = 10,
     ) -> MemorySearchResult:
         return MemorySearchResult(store=name, query=query, hits=stores().search(tenant(), name, query, limit=limit))

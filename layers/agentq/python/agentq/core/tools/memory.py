@@ -27,6 +27,8 @@ from pydantic import AfterValidator, Field
 from agentq.core.memory import (
     MAX_DOCUMENT_BYTES,
     MAX_PATH_BYTES,
+    MAX_QUERY_CHARS,
+    MAX_QUERY_WORDS,
     MEMORY_STORE_PATTERN,
     MemoryAttachment,
     MemoryReadOnly,
@@ -143,11 +145,19 @@ def memory_tools(attachments: list[MemoryAttachment]) -> list[ToolSpec]:
     @tool(
         name=MEMORY_SEARCH,
         description="Find documents of a memory store holding every word of a query (case-insensitive, in path "
-        f"or content), most matches first, each with a snippet. Attached: {stores}",
+        f"or content; at most {MAX_QUERY_WORDS} different words), most matches first, each with a snippet. "
+        f"Attached: {stores}",
     )
     def memory_search(
         store: StoreName,
-        query: Annotated[str, Field(min_length=1, max_length=500, description="words to find")],
+        query: Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=MAX_QUERY_CHARS,
+                description=f"words to find, every one in a document; at most {MAX_QUERY_WORDS} different words",
+            ),
+        ],
         limit: Annotated[int, Field(ge=1, le=20, description="at most this many documents")] = 10,
         ctx: ToolContext | None = None,
     ) -> list[dict[str, Any]]:
