@@ -1,12 +1,15 @@
 """The memory tools in the engine, on the in-memory twin: what one task writes the next reads;
 each version records the task, step and call that made it; a stale precondition is an error the
 model reads with the current hash; a read-only attachment refuses writes; a resumed task never
-writes twice; a fork reads the store as it is now."""
+writes twice; a fork reads the store as it is now; any document the store accepts is read whole
+in pages, and any store listed whole in pages, no result cut."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+import pytest
 
 from agentq.core.engine import Engine, EngineConfig, task_tools
 from agentq.core.memory import Author, MemoryStoreSpec, content_sha256
@@ -38,6 +41,145 @@ def _results(store: Storage, task_id: str) -> list[Any]:
 
 def _shop(store: Storage, tenant: str = "t") -> None:
     store.memory_stores.create_store(tenant, MemoryStoreSpec(name="shop"))
+
+
+def _answer(store: Storage, registry: ToolRegistry, tool: str, **inputs: Any) -> Any:
+    """The result of one call of ``tool`` by a task with the store ``shop`` attached."""
+    ask = call(tool, store="shop", **inputs)
+    task_id, _ = _run(store, registry, _submission([{"tool_calls": [ask]}, {"text": "ok"}], [{"store": "shop"}]))
+    [outcome] = _results(store, task_id)
+    return outcome
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "line of notes\n" * 7_000,  # 98,000 bytes, 105,000 characters as JSON: cut at 100,000, its end lost
+        "\x01" * 90_000,  # each character 6 as JSON ("\u0001"); (the twin's item measure refuses 102,400)
+        '"' * 102_400,
+        "\U0001f4e6" * 25_600,  # 4 bytes each: 25,600 characters
+    ],
+    ids=["newlines", "control", "quotes", "emoji"],
+)
+def test_memory_read_gives_the_whole_of_any_document_the_store_accepts_with_its_hash(
+    store: Storage, registry: ToolRegistry, content: str
+) -> None:
+    # A tool's result is cut at 100,000 characters (core.tools._core.MAX_RESULT_CHARS), and
+    # memory_read's JSON put the content before its hash: the model read a cut document, and,
+    # with the hash memory_list gives, wrote back its start as the whole, the precondition met.
+    _shop(store)
+    assert len(content.encode()) <= store.memory_stores.get_store("t", "shop").max_document_bytes
+    store.memory_stores.write("t", "shop", "/big.md", content, author=PERSON)
+    pages: list[dict[str, Any]] = []
+    offset: int | None = 0
+    while offset is not None and len(pages) < 10:
+        more = {"offset": offset, "expected_sha256": content_sha256(content)} if offset else {}
+        outcome = _answer(store, registry, "memory_read", path="/big.md", **more)
+        assert not outcome.is_error and "[result truncated" not in outcome.content, outcome.content[-200:]
+        assert outcome.content.index('"content_sha256"') < outcome.content.index('"content":')
+        pages.append(json.loads(outcome.content))
+        offset = pages[-1]["next_offset"]
+    assert "".join(p["content"] for p in pages) == content and len(pages) <= 8
+    assert {(p["content_sha256"], p["version"], p["content_chars"]) for p in pages} == {
+        (content_sha256(content), 1, len(content))
+    }
+    assert [p["truncated"] for p in pages] == [True] * (len(pages) - 1) + [False]
+
+
+def test_a_page_after_the_first_is_refused_once_the_document_changed_or_without_the_hash_it_began_with(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    _shop(store)
+    first = "a" * 60_000
+    store.memory_stores.write("t", "shop", "/big.md", first, author=PERSON)
+    page = json.loads(_answer(store, registry, "memory_read", path="/big.md").content)
+    assert page["truncated"] and page["next_offset"] == 51_200
+    unnamed = _answer(store, registry, "memory_read", path="/big.md", offset=page["next_offset"])
+    assert unnamed.is_error and "expected_sha256" in unnamed.content
+    now, _ = store.memory_stores.write(
+        "t", "shop", "/big.md", "b" * 60_000, author=PERSON, expected_sha256=content_sha256(first)
+    )
+    moved = _answer(
+        store,
+        registry,
+        "memory_read",
+        path="/big.md",
+        offset=page["next_offset"],
+        expected_sha256=page["content_sha256"],
+    )
+    assert moved.is_error and "MemoryConflict" in moved.content and now.content_sha256 in moved.content
+    assert "bbb" not in moved.content
+
+
+def test_no_page_of_a_document_holding_a_secret_gives_part_of_it_wherever_the_model_ends_the_page(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    # A result is redacted whole before the registry cuts it; a page is a cut the model places
+    # (offset, length): each page redacted alone would give a secret in two pieces, each too
+    # short to be found. The document is redacted whole first, then paged.
+    import uuid
+
+    from agentq.observe.redaction import MIN_CHARS, REDACTED, keep_secret
+
+    secret = f"sk-live-{uuid.uuid4().hex[:16]}"
+    keep_secret(secret)  # a deployment secret the worker read: every run's output is redacted of it
+    _shop(store)
+    store.memory_stores.write("t", "shop", "/notes.md", "a" * 100 + secret + "b" * 100, author=PERSON)
+    pieces = {secret[i : i + MIN_CHARS] for i in range(len(secret) - MIN_CHARS + 1)}
+    leaks, shown = [], set()
+    for end in range(100, 100 + len(secret) + 1, 3):  # a first page ending at each place across the secret
+        first = json.loads(_answer(store, registry, "memory_read", path="/notes.md", length=end).content)
+        rest = json.loads(
+            _answer(store, registry, "memory_read", path="/notes.md", offset=first["next_offset"],
+                    expected_sha256=first["content_sha256"]).content
+        )  # fmt: skip
+        pages = (first["content"], rest["content"])
+        leaks += [(end, piece) for piece in pieces if any(piece in page for page in pages)]
+        shown.add((first["content"] + rest["content"], first["content_chars"]))
+    assert leaks == []
+    whole = "a" * 100 + REDACTED + "b" * 100
+    assert shown == {(whole, len(whole))}
+
+
+def test_memory_list_reaches_every_document_of_a_store_within_its_default_limit(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    # A store holds 1,000 documents by default; memory_list answered them all in one result,
+    # cut at 100,000 characters (about 600 of them), and took no cursor: the rest was unseen.
+    _shop(store)
+    paths = [f"/customers/customer-{i:04d}.md" for i in range(1_000)]
+    for path in paths:
+        store.memory_stores.write("t", "shop", path, "x", author=PERSON)
+    listed = _listing(store, registry)
+    assert listed == paths
+
+
+def test_memory_list_pages_stay_whole_with_the_longest_paths_and_a_foreign_cursor_is_refused_naming_it(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    _shop(store)
+    paths = [f"/{'a' * 200}/{'b' * 200}/{'c' * 200}/{'d' * 200}/{'e' * 202}{i:03d}" for i in range(150)]
+    assert len(paths[0].encode()) == 1010
+    for path in paths:
+        store.memory_stores.write("t", "shop", path, "x", author=PERSON)
+    assert _listing(store, registry, limit=200) == paths  # 150 of ~1,100 characters: more than a result holds
+    foreign = _answer(store, registry, "memory_list", path_prefix="/customers/", cursor=paths[0])
+    assert foreign.is_error and "cursor" in foreign.content
+
+
+def _listing(store: Storage, registry: ToolRegistry, **inputs: Any) -> list[str]:
+    """Every path memory_list gives, following next_cursor; each page a whole result."""
+    paths: list[str] = []
+    cursor: str | None = None
+    for _ in range(30):
+        outcome = _answer(store, registry, "memory_list", **inputs, **({"cursor": cursor} if cursor else {}))
+        assert not outcome.is_error and "[result truncated" not in outcome.content, outcome.content[-200:]
+        page = json.loads(outcome.content)
+        paths += [d["path"] for d in page["documents"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return paths
+    raise AssertionError("memory_list never reached its end")
 
 
 def test_what_one_task_writes_the_next_task_reads_and_the_version_names_its_call(

@@ -259,7 +259,9 @@ class NoteBook(Protocol):
 class MemoryBook(Protocol):
     """The memory stores (``core.memory``, ``storage.memory_stores``) as the memory tools use them."""
 
-    def list_documents(self, tenant: str, store: str, prefix: str = "/") -> list[MemoryDocument]: ...
+    def documents_page(
+        self, tenant: str, store: str, prefix: str = "/", *, limit: int, after: str | None = None
+    ) -> tuple[list[MemoryDocument], str | None]: ...
 
     def read(self, tenant: str, store: str, path: str) -> MemoryDocument: ...
 

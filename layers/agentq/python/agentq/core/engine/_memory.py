@@ -31,8 +31,10 @@ class TaskMemory:
         self.access = {a.store: a.access for a in attachments}
         self.step, self.tool_use_id = step, tool_use_id
 
-    def list_documents(self, store: str, prefix: str) -> list[MemoryDocument]:
-        return self.book.list_documents(self.tenant, store, prefix)
+    def documents_page(
+        self, store: str, prefix: str, limit: int, after: str | None
+    ) -> tuple[list[MemoryDocument], str | None]:
+        return self.book.documents_page(self.tenant, store, prefix, limit=limit, after=after)
 
     def read(self, store: str, path: str) -> MemoryDocument:
         return self.book.read(self.tenant, store, path)

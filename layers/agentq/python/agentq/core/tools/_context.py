@@ -36,7 +36,9 @@ class MemoryAccess(Protocol):
     engine supplies one (``core.engine._memory.TaskMemory``) that names the tenant, fences
     writes with the lease and records the step and call that wrote each version."""
 
-    def list_documents(self, store: str, prefix: str) -> list[MemoryDocument]: ...
+    def documents_page(
+        self, store: str, prefix: str, limit: int, after: str | None
+    ) -> tuple[list[MemoryDocument], str | None]: ...
 
     def read(self, store: str, path: str) -> MemoryDocument: ...
 

@@ -13,6 +13,15 @@ model last read (``expected_sha256``; none for a new document): when another tas
 document since, the write is refused with the current hash, an error the model can act on (read
 again, merge, write again), never a silent lost update.
 
+A tool's result is cut at ``MAX_RESULT_CHARS``, and a document the store accepts (100 kB) can
+be longer than that as JSON (escaping a newline doubles it). So ``memory_read`` answers a page
+(``offset``, ``length`` in characters; ``truncated`` and ``next_offset`` say whether there is
+more), its hash and version before its content, sized so that its result is never cut; and
+``memory_list`` a page of documents with a ``cursor`` to go on. A page after the first names the
+hash its reader began with (``expected_sha256``) and is refused if the document changed since, so
+the pages a model joins are one version; the hash is the whole document's, as ``memory_write``
+replaces the whole document (its description says to read every page before writing).
+
 Search is a text match (every word, case-insensitive, in the path or content; most occurrences
 first): it reads the store, which its document limit bounds, and needs no index to keep in step
 with the writes. Semantic search would add an embedding per version, written with it.
@@ -20,10 +29,13 @@ with the writes. Semantic search would add an embedding per version, written wit
 
 from __future__ import annotations
 
+import json
+from itertools import accumulate
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
+from agentq.core.errors import ValidationError
 from agentq.core.memory import (
     MAX_DOCUMENT_BYTES,
     MAX_PATH_BYTES,
@@ -31,11 +43,14 @@ from agentq.core.memory import (
     MAX_QUERY_WORDS,
     MEMORY_STORE_PATTERN,
     MemoryAttachment,
+    MemoryConflict,
+    MemoryDocument,
     MemoryReadOnly,
     check_path,
 )
 from agentq.core.tools._context import MemoryAccess, ToolContext
-from agentq.core.tools._core import ToolSpec, tool
+from agentq.core.tools._core import MAX_RESULT_CHARS, ToolSpec, tool
+from agentq.observe.redaction import redact
 
 MEMORY_LIST, MEMORY_READ, MEMORY_WRITE, MEMORY_SEARCH = "memory_list", "memory_read", "memory_write", "memory_search"
 MEMORY_TOOLS = (MEMORY_LIST, MEMORY_READ, MEMORY_WRITE, MEMORY_SEARCH)
@@ -47,6 +62,48 @@ Path = Annotated[
     AfterValidator(check_path),
 ]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+# A page of memory_read: at most this many characters (two pages hold a 100 kB document of
+# ASCII text), and at most PAGE_JSON_CHARS of them as JSON, where a character may take up to 6
+# ("\u0001"): a result is cut at MAX_RESULT_CHARS, and the rest of it (path, hash, author) and
+# redaction's markers need room too.
+READ_PAGE_CHARS = MAX_DOCUMENT_BYTES // 2
+PAGE_JSON_CHARS = MAX_RESULT_CHARS * 8 // 10
+# A page of memory_list: documents read (deleted ones too, left out), and at most PAGE_JSON_CHARS
+# of them as JSON (a path may be 1,010 characters).
+DEFAULT_LIST_PAGE, MAX_LIST_PAGE = 100, 200
+
+
+def _json_chars(text: str) -> int:
+    """Characters ``text`` takes inside a JSON string (``json.dumps(ensure_ascii=False)``, as the
+    registry serialises a result)."""
+    return len(json.dumps(text, ensure_ascii=False)) - 2
+
+
+def _page(content: str, offset: int, length: int) -> str:
+    """Up to ``length`` characters of ``content`` from ``offset``, fewer where their JSON would
+    pass ``PAGE_JSON_CHARS``."""
+    page = content[offset : offset + length]
+    if _json_chars(page) <= PAGE_JSON_CHARS:
+        return page
+    fits = sum(1 for used in accumulate(_json_chars(ch) for ch in page) if used <= PAGE_JSON_CHARS)
+    return page[:fits]
+
+
+def _listed(doc: MemoryDocument) -> dict[str, Any]:
+    return {
+        "path": doc.path,
+        "content_sha256": doc.content_sha256,
+        "content_size_bytes": doc.content_size_bytes,
+        "version": doc.version,
+    }
+
+
+def _is_path(path: str) -> bool:
+    try:
+        check_path(path)
+    except ValueError:
+        return False
+    return True
 
 
 def offered_memory_tools(attachments: list[MemoryAttachment]) -> list[str]:
@@ -80,49 +137,116 @@ def memory_tools(attachments: list[MemoryAttachment]) -> list[ToolSpec]:
 
     @tool(
         name=MEMORY_LIST,
-        description=f"List the documents of a memory store (path, content_sha256, size, version), optionally "
-        f"under a path prefix. Memory stores outlive this task: what earlier tasks wrote is there. Attached: {stores}",
+        description=f"List the documents of a memory store by path (path, content_sha256, size, version; no "
+        "content), optionally under a path prefix, a page at a time: while next_cursor is not null, call again "
+        "with cursor=next_cursor for the rest. Memory stores outlive this task: what earlier tasks wrote is "
+        f"there. Attached: {stores}",
     )
     def memory_list(
         store: StoreName,
         path_prefix: Annotated[
             str, Field(max_length=MAX_PATH_BYTES, description="only paths starting with this")
         ] = "/",
+        limit: Annotated[
+            int,
+            Field(
+                ge=1, le=MAX_LIST_PAGE, description="documents a page reads (fewer may be listed); follow next_cursor"
+            ),
+        ] = DEFAULT_LIST_PAGE,
+        cursor: Annotated[
+            str | None,
+            Field(max_length=MAX_PATH_BYTES, description="next_cursor of the page before; omit for the first"),
+        ] = None,
         ctx: ToolContext | None = None,
-    ) -> list[dict[str, Any]]:
-        """Listing without content keeps the answer small; read a document to see it."""
-        docs = store_of(store, ctx).list_documents(store, path_prefix)
-        return [
-            {
-                "path": d.path,
-                "content_sha256": d.content_sha256,
-                "content_size_bytes": d.content_size_bytes,
-                "version": d.version,
-            }
-            for d in docs
-        ]
+    ) -> dict[str, Any]:
+        """Listing without content keeps the answer small; read a document to see it. A page is
+        cut where its JSON would pass ``PAGE_JSON_CHARS``, and goes on after its last path."""
+        if cursor is not None and not (cursor.startswith(path_prefix) and _is_path(cursor)):
+            raise ValidationError(
+                f"cursor: {cursor[:80]!r} is not a next_cursor of a listing under {path_prefix!r}; pass it back "
+                "unchanged with the same path_prefix",
+                field="cursor",
+            )
+        docs, after = store_of(store, ctx).documents_page(store, path_prefix, limit, cursor)
+        listed = [_listed(d) for d in docs]
+        sizes = accumulate(len(json.dumps(d, ensure_ascii=False)) + 2 for d in listed)
+        fits = max(1, sum(1 for used in sizes if used <= PAGE_JSON_CHARS))
+        if fits < len(listed):
+            listed, after = listed[:fits], listed[fits - 1]["path"]
+        return {"documents": listed, "next_cursor": after}
 
     @tool(
         name=MEMORY_READ,
-        description="Read a document of a memory store: its content, and the content_sha256 to pass to "
-        f"memory_write when you change it. Attached: {stores}",
+        description="Read a document of a memory store: its content_sha256 (pass it to memory_write when you "
+        "change it), version and size, and its content a page at a time: up to `length` characters from "
+        f"`offset` (at most {READ_PAGE_CHARS:,}; fewer where escaping makes a page long). While `truncated` is "
+        "true, call again with offset=next_offset and expected_sha256=content_sha256 until it is false: "
+        "memory_write replaces the whole document, so never write back a document you have not read to its "
+        f"end. Attached: {stores}",
     )
-    def memory_read(store: StoreName, path: Path, ctx: ToolContext | None = None) -> dict[str, Any]:
+    def memory_read(
+        store: StoreName,
+        path: Path,
+        offset: Annotated[
+            int,
+            Field(ge=0, description="the first character to read; next_offset of the page before"),
+        ] = 0,
+        length: Annotated[
+            int, Field(ge=1, le=READ_PAGE_CHARS, description="at most this many characters")
+        ] = READ_PAGE_CHARS,
+        expected_sha256: Annotated[
+            Sha256 | None,
+            Field(
+                description="with offset > 0: the content_sha256 of the pages before; if the document changed "
+                "since, nothing is read and the error gives its content_sha256 now: read it again from offset 0"
+            ),
+        ] = None,
+        ctx: ToolContext | None = None,
+    ) -> dict[str, Any]:
+        """A page, its hash and version first: a page after the first is refused if the document
+        changed since the first (``expected_sha256``), so the pages joined are one version.
+        ``content_chars``, ``offset`` and ``next_offset`` count the content as shown (redacted)."""
+        if offset > 0 and expected_sha256 is None:
+            raise ValidationError(
+                "expected_sha256: give the content_sha256 of the pages before to read on from an offset",
+                field="expected_sha256",
+            )
         doc = store_of(store, ctx).read(store, path)
+        # Redacted whole before it is paged, as the registry redacts a result before its cut: a
+        # credential across a page's end would leave in two pieces, each too short to be found,
+        # and the model chooses where a page ends. Offsets are of the text as shown.
+        content = redact(doc.content or "")
+        if expected_sha256 is not None and doc.content_sha256 != expected_sha256:
+            raise MemoryConflict(
+                f"memory store {store!r}: {path!r} has content_sha256 {doc.content_sha256}, not {expected_sha256}: "
+                "it changed since the pages before were read; read it again from offset 0",
+                field="expected_sha256",
+                current_sha256=doc.content_sha256,
+            )
+        if offset > len(content):
+            raise ValidationError(f"offset: {offset}, past the document's {len(content)} characters", field="offset")
+        page = _page(content, offset, length)
+        end = offset + len(page)
         return {
             "path": doc.path,
-            "content": doc.content,
             "content_sha256": doc.content_sha256,
             "version": doc.version,
+            "content_chars": len(content),
+            "content_size_bytes": doc.content_size_bytes,
+            "offset": offset,
+            "next_offset": end if end < len(content) else None,
+            "truncated": end < len(content),
             "updated_by": doc.updated_by.model_dump(exclude_none=True),
+            "content": page,
         }
 
     @tool(
         name=MEMORY_WRITE,
         side_effects=True,
-        description="Write a document of a memory store (the whole content; at most 100 kB), so later tasks "
-        "remember it. Pass expected_sha256, the content_sha256 memory_read gave you, to change a document; leave "
-        "it out to create one. If the document changed since you read it, nothing is written and the error gives "
+        description="Write a document of a memory store (its whole content, which replaces all of it; at most "
+        "100 kB), so later tasks remember it: to change a document memory_read showed truncated, read every "
+        "page first, or what you did not read is lost. Pass expected_sha256, the content_sha256 memory_read "
+        "gave you, to change a document; leave it out to create one. If the document changed since you read it, nothing is written and the error gives "
         f"its content_sha256 now: read it again and merge. Attached: {stores}",
     )
     def memory_write(
