@@ -344,3 +344,21 @@ def test_stores_and_documents_pages_follow_their_cursors_and_another_listing_s_c
     for too_many in ("/memory-stores?limit=101", "/memory-stores/a/documents?limit=1001", "/memory-stores?limit=0"):
         status, body, _ = get(too_many)
         assert (status, body["error"]["field"]) == (422, "limit"), body
+
+
+def test_a_bad_store_name_in_the_url_is_refused_in_words_about_a_memory_store(api: Api) -> None:
+    # The API said a refused pattern in words keyed by the pattern alone, and a memory store's
+    # name has an agent's pattern: GET /memory-stores/SHOP was "name: an agent's name: ...".
+    status, body, _ = api.call("GET", "/memory-stores/SHOP")
+    assert status == 422 and body["error"]["field"] == "name"
+    assert body["error"]["message"] == "name: 1-64 lowercase letters, digits, '-' and '_', not 'SHOP'"
+    status, body, _ = api.call("POST", "/memory-stores", {"name": "Shop"})
+    assert (status, body["error"]["field"]) == (422, "name") and "agent" not in body["error"]["message"]
+    sent = {"goal": "g", "provider": "scripted", "script": "research", "memory": [{"store": "Shop"}]}
+    status, body, _ = api.call("POST", "/tasks", sent)
+    assert (status, body["error"]["field"]) == (422, "memory[0].store")
+    assert body["error"]["message"].startswith("memory[0].store: a memory store's name: 1-64 lowercase letters")
+    # A field that names its concept keeps its words: a stop's agent is an agent's name.
+    status, body, _ = api.call("POST", "/stops", {"agent": "Shop!"})
+    assert (status, body["error"]["field"]) == (422, "agent")
+    assert body["error"]["message"].startswith("agent: an agent's name: 1-64 lowercase letters")

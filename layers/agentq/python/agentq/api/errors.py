@@ -52,8 +52,14 @@ from agentq.core.errors import (
     TaskNotFound,
     ValidationError,
 )
-from agentq.core.memory import MemoryConflict, MemoryDocumentNotFound, MemoryLimitExceeded, MemoryStoreNotFound
-from agentq.core.stops import SCOPE_RULES, VALUE_PATTERNS, ScopeNotYours, ScopeStopped, StopNotFound
+from agentq.core.memory import (
+    MEMORY_STORE_PATTERN,
+    MemoryConflict,
+    MemoryDocumentNotFound,
+    MemoryLimitExceeded,
+    MemoryStoreNotFound,
+)
+from agentq.core.stops import NAME_RULE, SCOPE_RULES, VALUE_PATTERNS, ScopeNotYours, ScopeStopped, StopNotFound
 from agentq.core.vault import VaultUnavailable
 from agentq.storage.agent_aliases import AliasNotFound
 from agentq.storage.agents import AgentConflict, AgentNotFound
@@ -161,8 +167,9 @@ def describe_validation_error(error: Mapping[str, Any]) -> tuple[str, str | None
     if kind == "model_attributes_type" and field == "body":
         return "the body must be a JSON object", field
     pattern = (error.get("ctx") or {}).get("pattern") if kind == "string_pattern_mismatch" else None
-    rule = PATTERN_RULES.get(str(pattern))
-    if rule is not None:  # a user, agent, key or tenant name: its rule in words, not the regex
+    named = next((str(part) for part in reversed(loc) if isinstance(part, str)), "")
+    rule = FIELD_RULES.get((str(pattern), named)) or PATTERN_RULES.get(str(pattern))
+    if rule is not None:  # a user, agent, store, key or tenant name: its rule in words, not the regex
         return f"{name}: {rule}, not {error.get('input')!r}", field
     bound = _QUERY_BOUNDS.get(kind) if loc and loc[0] == "query" else None
     if bound is not None:  # ?limit=1000: say the bound, in the caller's terms
@@ -170,9 +177,21 @@ def describe_validation_error(error: Mapping[str, Any]) -> tuple[str, str | None
     return f"{name}: {message}", field
 
 
-# A pattern whose rule has words (the same pattern, the same concept, wherever it is a field's):
-# said instead of pydantic's "String should match pattern '^[A-Za-z0-9][A-Za-z0-9._@+:|-]{0,127}$'".
-PATTERN_RULES = {VALUE_PATTERNS[kind]: rule for kind, rule in SCOPE_RULES.items()}
+# A pattern whose rule has words, said instead of pydantic's "String should match pattern
+# '^[A-Za-z0-9][A-Za-z0-9._@+:|-]{0,127}$'". One pattern may be several concepts': an agent's, a
+# memory store's and a credential's names are the same, so a pattern alone is said in words true
+# of every field of it (its shape: "name: 1-64 lowercase letters ..."), and a field whose name
+# says its concept (a stop's ``agent``, an attachment's ``store``) in that concept's words. Keyed
+# by the pattern alone, a memory store's name was refused as "an agent's name".
+PATTERN_RULES = {
+    VALUE_PATTERNS["tenant"]: SCOPE_RULES["tenant"],
+    VALUE_PATTERNS["user"]: SCOPE_RULES["user"],
+    VALUE_PATTERNS["agent"]: NAME_RULE,
+    VALUE_PATTERNS["key"]: SCOPE_RULES["key"],
+}
+FIELD_RULES = {(VALUE_PATTERNS[kind], kind): rule for kind, rule in SCOPE_RULES.items()} | {
+    (MEMORY_STORE_PATTERN, "store"): f"a memory store's name: {NAME_RULE}"
+}
 
 # A query parameter out of its range: pydantic's words ("Input should be less than or equal
 # to 100") replaced by the bound itself.

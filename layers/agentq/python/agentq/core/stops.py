@@ -29,11 +29,14 @@ _KEY = r"^key_[0-9a-f]{16}$"  # storage.api_keys.KEY_ID_PATTERN
 _TENANT = r"^[A-Za-z0-9._-]{1,64}$"  # storage.api_keys.TENANT_PATTERN
 VALUE_PATTERNS: dict[str, str] = {"tenant": _TENANT, "user": USER_PATTERN, "agent": _AGENT, "key": _KEY}
 # Each kind's value in words: what a refusal says (``scope`` here; the API's 422 for a field of
-# that pattern, api.errors.PATTERN_RULES), where the pattern would be a regex to decode.
+# that pattern, api.errors.PATTERN_RULES and FIELD_RULES), where the pattern would be a regex to decode.
+# An agent's name is also the shape of a memory store's and a credential's (the same pattern):
+# NAME_RULE is that shape's words, true of every field of it.
+NAME_RULE = "1-64 lowercase letters, digits, '-' and '_'"
 SCOPE_RULES = {
     "tenant": "1-64 letters, digits, '.', '_' or '-'",
     "user": USER_RULE,
-    "agent": "an agent's name: 1-64 lowercase letters, digits, '-' and '_'",
+    "agent": f"an agent's name: {NAME_RULE}",
     "key": "an API key's id (key_ and 16 hex digits, as agentq keys list shows it)",
 }
 
