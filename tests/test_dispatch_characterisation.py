@@ -570,7 +570,7 @@ def test_poison_schedules_and_receive_counts(make_case: Callable[[Recorder], Cas
         previous = c.create(_sub())
         if not live:
             c.run(previous.task_id)
-        c.store.schedules.record_fire("t", "nightly", previous.task_id)
+        c.store.schedules.record_fire("t", "nightly", 0.0, task_id=previous.task_id)
         body = TaskMessage(task_id="schedule:t#nightly", kind="schedule", schedule="t#nightly",
                            scheduled_time="2030-01-01T00:00:00Z").model_dump_json()  # fmt: skip
         _handle(c, body)

@@ -14,6 +14,7 @@ import boto3
 import pytest
 
 from agentq.control.schedules import create_schedule, delete_schedule, fire, fire_due
+from agentq.control.submit import submit_once
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus
 from agentq.core.schedules import fire_task_id, next_fire
@@ -240,3 +241,84 @@ def test_a_local_fire_whose_scheduler_died_after_moving_the_schedule_on_fires_it
     assert fire_due(store, tools, queues, now=due + 3605) == [fire_task_id("acme", "nightly", due + 3600)]
     assert store.schedules.get("acme", "nightly").fired == 2  # two slots, each fired once
     assert queue_depth(queues, queues.url("normal")) == 2
+
+
+def test_a_fire_whose_process_died_before_counting_it_is_counted_by_its_redelivery_so_the_next_fire_skips(
+    moto_server: MotoServer,
+) -> None:
+    """Killed after its task was made and before the schedule counted it: the redelivered fire
+    finds the task, counts it and makes it the schedule's latest, so the next fire (overlap
+    ``skip``) skips while it is live."""
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    due = create_schedule(store, tools, _spec(expression="rate(1 hour)"), tenant="acme").next_fire_at
+    made = fire_task_id("acme", "nightly", due)
+    submission = store.schedules.get("acme", "nightly").spec.submission
+    submit_once(store, tools, submission, tenant="acme", queues=queues, task_id=made)  # ... then killed
+    assert fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due) == made  # redelivered
+    assert store.tasks.get(made).status is TaskStatus.QUEUED  # still live
+    kept = store.schedules.get("acme", "nightly")
+    assert (kept.last_task_id, kept.fired) == (made, 1)
+    assert fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due + 3600) is None  # skipped
+    assert fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due) == made  # once more: counted once
+    assert store.schedules.get("acme", "nightly").fired == 1
+
+
+def test_a_fire_killed_before_sending_its_tasks_message_has_it_sent_by_its_redelivery(moto_server: MotoServer) -> None:
+    """The task made, its message not sent: the redelivery sends it (as a repeated POST /tasks
+    does), once; a fire that finished sends nothing more."""
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    due = create_schedule(store, tools, _spec(expression="rate(1 hour)"), tenant="acme").next_fire_at
+    made = fire_task_id("acme", "nightly", due)
+    submission = store.schedules.get("acme", "nightly").spec.submission
+    submit_once(store, tools, submission, tenant="acme", queues=None, task_id=made)  # ... killed before its send
+    assert queue_depth(queues, queues.url("normal")) == 0
+    for _ in range(2):
+        assert fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due) == made
+    assert queue_depth(queues, queues.url("normal")) == 1
+
+
+def test_two_fires_of_an_overlap_skip_schedule_handled_at_once_leave_one_live_task(moto_server: MotoServer) -> None:
+    """Two fire times delivered together (a backlog after downtime, two executors): the second
+    runs while the first has submitted and not yet counted its task; the first's claim on the
+    schedule holds it off."""
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    due = create_schedule(store, tools, _spec(expression="rate(1 hour)"), tenant="acme").next_fire_at
+    record = store.schedules.record_fire
+    other: list[str | None] = []
+    started: list[bool] = []
+
+    def the_other_fire_runs_now(*args: Any, **kwargs: Any) -> bool:
+        if not started:  # the second fire runs between the first's submit and its count
+            started.append(True)
+            other.append(fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due + 3600))
+        return record(*args, **kwargs)
+
+    store.schedules.record_fire = the_other_fire_runs_now  # type: ignore[method-assign]
+    first = fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due)
+    live = [t for t in (first, *other) if t is not None and not store.tasks.get(t).status.terminal]
+    assert live == [first] and store.schedules.get("acme", "nightly").skipped == 1
+
+
+def test_a_fire_killed_after_claiming_holds_the_next_fires_off_until_its_claim_lapses(moto_server: MotoServer) -> None:
+    """Its task not made, a claim is in flight (its own redelivery, claiming again, still makes
+    the task) for ``CLAIM_SECONDS``, then a later fire takes it over."""
+    from agentq.control.schedules import CLAIM_SECONDS
+
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    due = create_schedule(store, tools, _spec(expression="rate(1 hour)"), tenant="acme").next_fire_at
+    schedule = store.schedules.get("acme", "nightly")
+    assert store.schedules.claim(schedule, fire_task_id("acme", "nightly", due), at=time.time())  # ... then killed
+    assert fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due + 3600) is None  # in flight
+    made = fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due)  # its redelivery
+    assert made == fire_task_id("acme", "nightly", due) and store.schedules.get("acme", "nightly").last_task_id == made
+
+    store.tasks.transition(made, TaskStatus.CANCELLED)
+    schedule = store.schedules.get("acme", "nightly")
+    assert store.schedules.claim(schedule, fire_task_id("acme", "nightly", due + 3600), at=time.time() - CLAIM_SECONDS)
+    later = fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due + 7200)  # the claim lapsed
+    assert later == fire_task_id("acme", "nightly", due + 7200)
+    assert store.schedules.get("acme", "nightly").last_task_id == later

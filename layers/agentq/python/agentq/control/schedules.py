@@ -28,6 +28,7 @@ from typing import Any
 from agentq.control.submit import prepare_submission, submit_once
 from agentq.control.validation import parse_submission, validate_body
 from agentq.core.errors import DETERMINISTIC_FAULTS, AgentqError, ValidationError, fault_error
+from agentq.core.models import Task, TaskStatus
 from agentq.core.schedules import ScheduleSpec, fire_task_id, next_fire
 from agentq.core.stops import ScopeStopped
 from agentq.core.tools import ToolRegistry
@@ -40,6 +41,11 @@ log = logging.getLogger("agentq.schedules")
 # POST /tasks answers them, 4xx) and the faults another delivery would meet again. A network or
 # throttling fault is neither: it propagates and the fire's message comes back.
 REFUSED: tuple[type[Exception], ...] = (AgentqError, *DETERMINISTIC_FAULTS)
+# A claim whose task is not made yet is in flight this long: a fire killed after claiming holds
+# the schedule's next fires off no longer than this (the longest a Lambda runs), and its own
+# redelivery, claiming again, still makes it.
+CLAIM_SECONDS = 900.0
+CLAIM_TRIES = 5  # claims lost to other fires before this fire gives up (its message comes back)
 
 
 def create_schedule(store: Storage, tools: ToolRegistry, raw: Any, *, tenant: str) -> Schedule:
@@ -97,34 +103,97 @@ def fire(
 ) -> str | None:
     """One fire of a schedule: the task it created (or had created: a repeated delivery), or
     None when the overlap policy skipped it (or the schedule is gone). A refused submission
-    (``REFUSED``) is counted as a failed fire on the schedule, then raised."""
-    try:
-        schedule = store.schedules.get(tenant, name)
-    except AgentqError:
-        return None
+    (``REFUSED``) is counted as a failed fire on the schedule, then raised.
+
+    With overlap ``skip`` the fire claims the schedule before it submits (``Schedules.claim``:
+    ``last_task_id`` set to its task's id, on condition no other fire claimed since it read
+    it), so two fires at once (a backlog, two executors) make one task, and a fire killed
+    after submitting has its task counted as the previous one all the same. A claim whose task
+    is not made is in flight for ``CLAIM_SECONDS``; a fire that made no task puts the claim
+    back (``Schedules.release``)."""
+    schedule = _get(store, tenant, name)
     task_id = fire_task_id(tenant, name, fire_time)
-    if store.tasks.get_many([task_id]):
-        return task_id  # this fire already made its task: a repeated delivery
-    if schedule.spec.overlap == "skip" and schedule.last_task_id:
-        previous = store.tasks.get_many([schedule.last_task_id])
-        if previous and not previous[0].status.terminal:
-            store.schedules.record_fire(tenant, name, None)
+    for _ in range(CLAIM_TRIES):
+        if schedule is None:
+            return None
+        made = store.tasks.get_many([task_id])
+        if made:  # this fire already made its task: a repeated delivery
+            return _made(store, queues, schedule, made[0], fire_time)
+        if schedule.spec.overlap == "allow":
+            break
+        if schedule.last_task_id != task_id and _in_flight(store, schedule):
+            store.schedules.record_skip(tenant, name)
             log.info("schedule %s/%s skipped a fire: task %s is still live", tenant, name, schedule.last_task_id)
             return None
+        if store.schedules.claim(schedule, task_id, at=time.time()):
+            break
+        schedule = _get(store, tenant, name)  # another fire claimed it meanwhile: look again
+    else:
+        raise RuntimeError(f"schedule {tenant}/{name}: its claim kept changing under {CLAIM_TRIES} fires")
     try:
         submitted = submit_once(store, tools, schedule.spec.submission, tenant=tenant, queues=queues, task_id=task_id)
     except ScopeStopped as stopped:  # counted as a skipped fire: the schedule fires again once resumed
-        store.schedules.record_fire(tenant, name, None)
+        _release(store, schedule, task_id)
+        store.schedules.record_skip(tenant, name)
         log.info("schedule %s/%s skipped a fire: %s", tenant, name, stopped.message)
         return None
     except REFUSED as exc:
+        _release(store, schedule, task_id)
         error = fault_error(exc)["message"]
         store.schedules.record_failure(tenant, name, error)
         log.warning("schedule %s/%s: its submission was refused, no task: %s", tenant, name, error)
         raise
-    store.schedules.record_fire(tenant, name, submitted.task.task_id)
+    except Exception:  # an outage: the fire is tried again (its message comes back, the next tick)
+        with contextlib.suppress(Exception):  # the original error is the one to see; the claim lapses anyway
+            _release(store, schedule, task_id)
+        raise
+    store.schedules.record_fire(tenant, name, fire_time, task_id=task_id if schedule.spec.overlap == "allow" else None)
     log.info("schedule %s/%s fired: task %s", tenant, name, submitted.task.task_id)
     return submitted.task.task_id
+
+
+def _get(store: Storage, tenant: str, name: str) -> Schedule | None:
+    try:
+        return store.schedules.get(tenant, name)
+    except AgentqError:  # deleted
+        return None
+
+
+def _in_flight(store: Storage, schedule: Schedule) -> bool:
+    """The schedule's latest task is live, or claimed by a fire that may still make it."""
+    if schedule.last_task_id is None:
+        return False
+    found = store.tasks.get_many([schedule.last_task_id])
+    if found:
+        return not found[0].status.terminal
+    return schedule.claimed_at is not None and time.time() - schedule.claimed_at < CLAIM_SECONDS
+
+
+def _release(store: Storage, schedule: Schedule, task_id: str) -> None:
+    """Put back the claim of a fire that made no task (a task made after all keeps it)."""
+    if not store.tasks.get_many([task_id]):
+        store.schedules.release(schedule, task_id)
+
+
+def _made(store: Storage, queues: TaskQueues | None, schedule: Schedule, task: Task, fire_time: float) -> str:
+    """A fire whose task is made already (a repeated delivery, two loops): count it, if the fire
+    that made it did not (killed before it could), and then, as ``submit_once`` does for a
+    repeated request, send its message again while it is queued and never claimed: that fire
+    may have died before sending it, and a duplicate message is harmless. With overlap
+    ``skip`` the task becomes the schedule's latest unless another still is in flight."""
+    tenant, name = schedule.tenant, schedule.spec.name
+    if (
+        schedule.spec.overlap == "skip"
+        and schedule.last_task_id != task.task_id
+        and not task.status.terminal
+        and not _in_flight(store, schedule)
+    ):
+        store.schedules.claim(schedule, task.task_id, at=time.time())  # lost to another fire: that one stands
+    allow = schedule.spec.overlap == "allow"
+    counted = store.schedules.record_fire(tenant, name, fire_time, task_id=task.task_id if allow else None)
+    if counted and queues is not None and task.status is TaskStatus.QUEUED and task.lease_epoch == 0:
+        queues.send(task.task_id, task.submission.priority, tenant=tenant, pool=queues.pool_for(task.submission))
+    return task.task_id
 
 
 def fire_due(store: Storage, tools: ToolRegistry, queues: TaskQueues | None, *, now: float | None = None) -> list[str]:

@@ -3,7 +3,13 @@ own by prefix, and the local scheduler reads every schedule with one Query. ``ne
 moved by a conditional write on its old value, so two loops firing the same schedule agree on
 who fires it; the same write notes the fire time it moves past as ``pending_fire``, taken off
 once that fire is done, so a fire cut short (an outage, the scheduler killed before it fired)
-is fired on a later tick, not lost (``control.schedules.fire_due``)."""
+is fired on a later tick, not lost (``control.schedules.fire_due``).
+
+A fire of an overlap ``skip`` schedule claims the schedule before it submits: ``last_task_id``
+set to its task's id, ``claimed_at`` to when, on condition both are still as that fire read
+them, so of two fires at once one claims and the other, reading again, finds the claimed task
+in flight and skips. A fire is counted once per fire time (``last_fired_slot``), so a
+redelivery that finds its task made counts it only if the fire that made it did not."""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import time
 from dataclasses import dataclass
 from decimal import Decimal
 
-from boto3.dynamodb.conditions import Attr
+from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq.core.errors import TaskNotFound
 from agentq.core.schedules import ScheduleSpec
@@ -34,6 +40,7 @@ class Schedule:
     failed: int = 0  # fires whose stored submission was refused (``control.schedules.fire``)
     last_error: str | None = None  # why the latest of them was refused; cleared by a fire that submits
     pending_fire: float | None = None  # a fire time the local scheduler moved past and has not yet fired
+    claimed_at: float | None = None  # when a fire claimed ``last_task_id`` (``claim``), its task made or about to be
 
 
 class ScheduleNotFound(TaskNotFound):
@@ -94,24 +101,75 @@ class Schedules:
             self.table.update(self._key(tenant, name), Update(remove=("pending_fire",)),
                               condition=Attr("pending_fire").eq(Decimal(repr(fire_time))))  # fmt: skip
 
-    def record_fire(self, tenant: str, name: str, task_id: str | None) -> None:
-        """Count a fire: its task (clearing the last refusal: the cause is gone), or a skip
-        (``task_id`` None)."""
-        update = (
-            Update(set={"last_task_id": task_id}, add={"fired": 1}, remove=("last_error",))
-            if task_id is not None
-            else Update(add={"skipped": 1})
+    def claim(self, schedule: Schedule, task_id: str, *, at: float) -> bool:
+        """Make ``task_id`` the schedule's latest task before it is submitted, if no other fire
+        claimed since ``schedule`` was read (``last_task_id`` and ``claimed_at`` as read): True
+        when this fire may submit it. A fire that claimed the same task before (a redelivery)
+        claims it again, so a fire taking over a claim too old to be in flight and the
+        redelivery of that claim's own fire cannot both win."""
+        try:
+            self.table.update(
+                self._key(schedule.tenant, schedule.spec.name),
+                Update(set={"last_task_id": task_id, "claimed_at": Decimal(repr(at))}),
+                condition=_as_read("last_task_id", schedule.last_task_id)
+                & _as_read("claimed_at", _number(schedule.claimed_at)),
+            )
+        except ConditionFailed:
+            return False
+        return True
+
+    def release(self, schedule: Schedule, task_id: str) -> None:
+        """Put back the claim ``schedule`` was read with, if ``task_id``'s is still the one
+        standing: its fire made no task (refused, stopped, cut short), and must not hold off
+        the next fire as if its task were in flight. Read with that claim already (a repeated
+        delivery of its fire), what it replaced is not known: then the claim goes."""
+        previous = {"last_task_id": schedule.last_task_id, "claimed_at": _number(schedule.claimed_at)}
+        if schedule.last_task_id == task_id:
+            previous = dict.fromkeys(previous)
+        update = Update(
+            set={k: v for k, v in previous.items() if v is not None},
+            remove=tuple(k for k, v in previous.items() if v is None),
         )
-        self._count(tenant, name, update)
+        with contextlib.suppress(ConditionFailed):
+            self.table.update(self._key(schedule.tenant, schedule.spec.name), update,
+                              condition=Attr("last_task_id").eq(task_id))  # fmt: skip
+
+    def record_fire(self, tenant: str, name: str, fire_time: float, *, task_id: str | None = None) -> bool:
+        """Count a fire that made its task (clearing the last refusal: the cause is gone), once
+        for its fire time: False when it was counted already (the fire that made it finished;
+        this is a repeated delivery). ``task_id``: made ``last_task_id`` too, for a schedule
+        whose fires claim nothing (overlap ``allow``); a claim set it for the others."""
+        update = Update(set={"last_fired_slot": _number(fire_time), **({"last_task_id": task_id} if task_id else {})},
+                        add={"fired": 1}, remove=("last_error",))  # fmt: skip
+        return self._count(tenant, name, update, Attr("last_fired_slot").ne(_number(fire_time)))
+
+    def record_skip(self, tenant: str, name: str) -> None:
+        """Count a fire the overlap policy or a stopped scope skipped."""
+        self._count(tenant, name, Update(add={"skipped": 1}))
 
     def record_failure(self, tenant: str, name: str, error: str) -> None:
         """Count a fire whose submission was refused, and keep why (cut to 500 characters), so
         the schedule's listing shows what its owner must fix."""
         self._count(tenant, name, Update(set={"last_error": error[:500]}, add={"failed": 1}))
 
-    def _count(self, tenant: str, name: str, update: Update) -> None:
-        with contextlib.suppress(ConditionFailed):  # deleted meanwhile
-            self.table.update(self._key(tenant, name), update, condition=Attr("pk").exists())
+    def _count(self, tenant: str, name: str, update: Update, once: ConditionBase | None = None) -> bool:
+        """Apply a count, unless the schedule was deleted meanwhile or ``once`` is false
+        (counted already): True when it was applied."""
+        condition = Attr("pk").exists() if once is None else Attr("pk").exists() & once
+        try:
+            self.table.update(self._key(tenant, name), update, condition=condition)
+        except ConditionFailed:
+            return False
+        return True
+
+
+def _number(value: float | None) -> Decimal | None:
+    return Decimal(repr(value)) if value is not None else None
+
+
+def _as_read(name: str, value: object) -> ConditionBase:
+    """``name`` still holds ``value`` (still absent, for None)."""
+    return Attr(name).not_exists() if value is None else Attr(name).eq(value)
 
 
 def _schedule(item: dict[str, object]) -> Schedule:
@@ -126,4 +184,5 @@ def _schedule(item: dict[str, object]) -> Schedule:
         failed=int(item.get("failed", 0)),  # type: ignore[call-overload]
         last_error=str(item["last_error"]) if item.get("last_error") else None,
         pending_fire=float(item["pending_fire"]) if item.get("pending_fire") is not None else None,  # type: ignore[arg-type]
+        claimed_at=float(item["claimed_at"]) if item.get("claimed_at") is not None else None,  # type: ignore[arg-type]
     )
