@@ -322,3 +322,21 @@ def test_a_fire_killed_after_claiming_holds_the_next_fires_off_until_its_claim_l
     later = fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due + 7200)  # the claim lapsed
     assert later == fire_task_id("acme", "nightly", due + 7200)
     assert store.schedules.get("acme", "nightly").last_task_id == later
+
+
+def test_a_redelivered_fire_that_was_skipped_is_counted_skipped_once(moto_server: MotoServer) -> None:
+    """A fire time is skipped once: delivered again, while the first task is live or after it
+    ended, it skips again without counting (it never also fires)."""
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    due = create_schedule(store, tools, _spec(expression="rate(1 hour)"), tenant="acme").next_fire_at
+    first = fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due)
+    for _ in range(2):  # one fire time, delivered twice, while the first task is live
+        assert fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due + 3600) is None
+    kept = store.schedules.get("acme", "nightly")
+    assert (kept.fired, kept.skipped) == (1, 1)
+    assert first is not None
+    store.tasks.transition(first, TaskStatus.CANCELLED)
+    assert fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due + 3600) is None  # once more
+    kept = store.schedules.get("acme", "nightly")
+    assert (kept.fired, kept.skipped) == (1, 1)

@@ -1,6 +1,6 @@
 """A schedule's writes on both backends (``storage.schedules``): a claim is taken by one of two
-fires that read the same schedule, released only while it stands, and a fire is counted once
-per fire time."""
+fires that read the same schedule, released only while it stands, and a fire (made or skipped)
+is counted once per fire time."""
 
 from __future__ import annotations
 
@@ -38,3 +38,12 @@ def test_a_fire_is_counted_once_for_its_fire_time(backend: Storage) -> None:
     backend.schedules.delete("acme", "nightly")
     assert not backend.schedules.record_fire("acme", "nightly", 10800.0)  # deleted meanwhile: nothing written
     assert backend.schedules.list() == []
+
+
+def test_a_skip_is_counted_once_for_its_fire_time(backend: Storage) -> None:
+    backend.schedules.put("acme", SPEC, 3600.0)
+    assert backend.schedules.record_skip("acme", "nightly", 3600.0)
+    assert not backend.schedules.record_skip("acme", "nightly", 3600.0)
+    assert backend.schedules.record_skip("acme", "nightly", 7200.0)
+    kept = backend.schedules.get("acme", "nightly")
+    assert (kept.skipped, kept.last_skipped_slot) == (2, 7200.0)

@@ -114,15 +114,15 @@ def fire(
     schedule = _get(store, tenant, name)
     task_id = fire_task_id(tenant, name, fire_time)
     for _ in range(CLAIM_TRIES):
-        if schedule is None:
-            return None
+        if schedule is None or schedule.last_skipped_slot == fire_time:
+            return None  # gone, or this fire was skipped already (a repeated delivery): skipped again
         made = store.tasks.get_many([task_id])
         if made:  # this fire already made its task: a repeated delivery
             return _made(store, queues, schedule, made[0], fire_time)
         if schedule.spec.overlap == "allow":
             break
         if schedule.last_task_id != task_id and _in_flight(store, schedule):
-            store.schedules.record_skip(tenant, name)
+            store.schedules.record_skip(tenant, name, fire_time)
             log.info("schedule %s/%s skipped a fire: task %s is still live", tenant, name, schedule.last_task_id)
             return None
         if store.schedules.claim(schedule, task_id, at=time.time()):
@@ -134,7 +134,7 @@ def fire(
         submitted = submit_once(store, tools, schedule.spec.submission, tenant=tenant, queues=queues, task_id=task_id)
     except ScopeStopped as stopped:  # counted as a skipped fire: the schedule fires again once resumed
         _release(store, schedule, task_id)
-        store.schedules.record_skip(tenant, name)
+        store.schedules.record_skip(tenant, name, fire_time)
         log.info("schedule %s/%s skipped a fire: %s", tenant, name, stopped.message)
         return None
     except REFUSED as exc:

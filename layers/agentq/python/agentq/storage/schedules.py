@@ -9,7 +9,8 @@ A fire of an overlap ``skip`` schedule claims the schedule before it submits: ``
 set to its task's id, ``claimed_at`` to when, on condition both are still as that fire read
 them, so of two fires at once one claims and the other, reading again, finds the claimed task
 in flight and skips. A fire is counted once per fire time (``last_fired_slot``), so a
-redelivery that finds its task made counts it only if the fire that made it did not."""
+redelivery that finds its task made counts it only if the fire that made it did not; a skip
+likewise (``last_skipped_slot``), and a repeated delivery of a skipped fire skips again."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class Schedule:
     last_error: str | None = None  # why the latest of them was refused; cleared by a fire that submits
     pending_fire: float | None = None  # a fire time the local scheduler moved past and has not yet fired
     claimed_at: float | None = None  # when a fire claimed ``last_task_id`` (``claim``), its task made or about to be
+    last_skipped_slot: float | None = None  # the fire time of the latest skipped fire (``record_skip``)
 
 
 class ScheduleNotFound(TaskNotFound):
@@ -143,9 +145,11 @@ class Schedules:
                         add={"fired": 1}, remove=("last_error",))  # fmt: skip
         return self._count(tenant, name, update, Attr("last_fired_slot").ne(_number(fire_time)))
 
-    def record_skip(self, tenant: str, name: str) -> None:
-        """Count a fire the overlap policy or a stopped scope skipped."""
-        self._count(tenant, name, Update(add={"skipped": 1}))
+    def record_skip(self, tenant: str, name: str, fire_time: float) -> bool:
+        """Count a fire the overlap policy or a stopped scope skipped, once for its fire time
+        (``last_skipped_slot``): False when it was counted already (a repeated delivery)."""
+        update = Update(set={"last_skipped_slot": _number(fire_time)}, add={"skipped": 1})
+        return self._count(tenant, name, update, Attr("last_skipped_slot").ne(_number(fire_time)))
 
     def record_failure(self, tenant: str, name: str, error: str) -> None:
         """Count a fire whose submission was refused, and keep why (cut to 500 characters), so
@@ -167,6 +171,10 @@ def _number(value: float | None) -> Decimal | None:
     return Decimal(repr(value)) if value is not None else None
 
 
+def _float(value: object) -> float | None:
+    return float(value) if value is not None else None  # type: ignore[arg-type]
+
+
 def _as_read(name: str, value: object) -> ConditionBase:
     """``name`` still holds ``value`` (still absent, for None)."""
     return Attr(name).not_exists() if value is None else Attr(name).eq(value)
@@ -184,5 +192,6 @@ def _schedule(item: dict[str, object]) -> Schedule:
         failed=int(item.get("failed", 0)),  # type: ignore[call-overload]
         last_error=str(item["last_error"]) if item.get("last_error") else None,
         pending_fire=float(item["pending_fire"]) if item.get("pending_fire") is not None else None,  # type: ignore[arg-type]
-        claimed_at=float(item["claimed_at"]) if item.get("claimed_at") is not None else None,  # type: ignore[arg-type]
+        claimed_at=_float(item.get("claimed_at")),
+        last_skipped_slot=_float(item.get("last_skipped_slot")),
     )
