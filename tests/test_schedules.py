@@ -340,3 +340,21 @@ def test_a_redelivered_fire_that_was_skipped_is_counted_skipped_once(moto_server
     assert fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due + 3600) is None  # once more
     kept = store.schedules.get("acme", "nightly")
     assert (kept.fired, kept.skipped) == (1, 1)
+
+
+def test_replacing_a_schedule_keeps_its_overlap_skip_for_the_task_still_live(moto_server: MotoServer) -> None:
+    """POST /schedules with the name of one that exists replaces its definition (here a goal's
+    wording), not what its fires left: the first fire after it still skips while the task the
+    schedule made is live, and the counts go on."""
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    made = create_schedule(store, tools, _spec(expression="rate(1 hour)"), tenant="acme")
+    first = fire(store, tools, queues, tenant="acme", name="nightly", fire_time=made.next_fire_at)
+    changed = _spec(expression="rate(1 hour)")
+    changed["submission"]["goal"] = "report, v2"
+    replaced = create_schedule(store, tools, changed, tenant="acme")
+    assert (replaced.last_task_id, replaced.fired, replaced.created_at) == (first, 1, made.created_at)
+    assert replaced.spec.submission["goal"] == "report, v2"
+    assert first is not None and not store.tasks.get(first).status.terminal
+    assert fire(store, tools, queues, tenant="acme", name="nightly", fire_time=made.next_fire_at + 3600) is None
+    assert store.schedules.get("acme", "nightly").skipped == 1

@@ -60,12 +60,17 @@ class Schedules:
         return {"pk": PARTITION, "sk": f"{tenant}#{name}"}
 
     def put(self, tenant: str, spec: ScheduleSpec, next_fire_at: float) -> Schedule:
-        now = time.time()
-        self.table.put({
-            **self._key(tenant, spec.name), "tenant": tenant, "spec": spec.model_dump_json(),
-            "created_at": Decimal(repr(now)), "next_fire_at": Decimal(repr(next_fire_at)), "fired": 0, "skipped": 0,
-        })  # fmt: skip
-        return Schedule(tenant, spec, now, next_fire_at)
+        """Create the schedule, or replace its spec and next fire: what its fires left (its
+        latest task, claimed or made, which overlap ``skip`` holds the next fire off for; its
+        counts; the last refusal; a pending fire) stays, as does when it was created."""
+        item = self.table.update(
+            self._key(tenant, spec.name),
+            Update(set={"tenant": tenant, "spec": spec.model_dump_json(), "next_fire_at": Decimal(repr(next_fire_at))},
+                   set_if_absent={"created_at": Decimal(repr(time.time())), "fired": 0, "skipped": 0}),
+            returns="ALL_NEW",
+        )  # fmt: skip
+        assert item is not None
+        return _schedule(plain(item))
 
     def get(self, tenant: str, name: str) -> Schedule:
         item = self.table.get(self._key(tenant, name))
