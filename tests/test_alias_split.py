@@ -140,12 +140,12 @@ def test_a_schedule_naming_an_alias_resolves_it_at_each_fire_and_an_unknown_alia
     assert refused.value.field == "submission.agent"
     assert store.schedules.list() == []
     store.aliases.set("a", "support", "nightly", AliasSpec(versions=[AliasTarget(version=1, weight=100)]))
-    create_schedule(store, tools, raw, tenant="a")
-    first = fire(store, tools, None, tenant="a", name="nightly", fire_time=1_000_000.0)
+    due = create_schedule(store, tools, raw, tenant="a").next_fire_at  # fire times to come: a past one is coalesced
+    first = fire(store, tools, None, tenant="a", name="nightly", fire_time=due)
     store.aliases.set("a", "support", "nightly", AliasSpec(versions=[AliasTarget(version=2, weight=100)]))
-    second = fire(store, tools, None, tenant="a", name="nightly", fire_time=1_086_400.0)
+    second = fire(store, tools, None, tenant="a", name="nightly", fire_time=due + 86400)
     assert first is not None and second is not None
     assert [store.tasks.get(t).submission.agent for t in (first, second)] == ["support@1", "support@2"]
     # the first fire's task keeps 1; a repeated delivery of the first fire finds it, and makes none
-    assert fire(store, tools, None, tenant="a", name="nightly", fire_time=1_000_000.0) == first
+    assert fire(store, tools, None, tenant="a", name="nightly", fire_time=due) == first
     assert store.tasks.get(first).submission.agent == "support@1"

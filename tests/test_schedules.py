@@ -17,7 +17,7 @@ from agentq.control.schedules import create_schedule, delete_schedule, fire, fir
 from agentq.control.submit import submit_once
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus
-from agentq.core.schedules import fire_task_id, next_fire
+from agentq.core.schedules import fire_task_id, last_fire, next_fire
 from agentq.runtime import build_queues, build_registry, build_store
 from agentq_dev.moto_server import MotoServer
 
@@ -28,6 +28,11 @@ def _at(text: str) -> float:
     return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
 
+def _iso(at: float) -> str:
+    """A fire time as the Scheduler writes it in a message."""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def test_cron_and_rate_expressions_give_the_next_fire_time() -> None:
     now = _at("2026-11-25T10:00:00")  # a Wednesday
     assert next_fire("rate(5 minutes)", now) == _at("2026-11-25T10:05:00")
@@ -35,6 +40,9 @@ def test_cron_and_rate_expressions_give_the_next_fire_time() -> None:
     assert next_fire("cron(0 9 ? * MON-FRI *)", now) == _at("2026-11-26T09:00:00")
     assert next_fire("cron(30 8 ? * 2 *)", now) == _at("2026-11-30T08:30:00")  # 2 is Monday, as in EventBridge
     assert next_fire("cron(0 12 1 * ? *)", now) == _at("2026-12-01T12:00:00")
+    assert last_fire("rate(5 minutes)", now) == now and last_fire("rate(1 day)", now) == _at("2026-11-25T00:00:00")
+    assert last_fire("cron(0 9 ? * MON-FRI *)", now) == _at("2026-11-25T09:00:00")
+    assert last_fire("cron(30 8 ? * 2 *)", now) == _at("2026-11-23T08:30:00")  # the latest at or before
 
 
 def test_an_expression_that_never_fires_or_names_a_year_is_refused_saying_so() -> None:
@@ -139,11 +147,13 @@ def test_in_aws_a_scheduler_schedule_is_made_and_its_message_fires_the_task(
     assert described["ScheduleExpression"] == "cron(0 9 ? * MON-FRI *)"
     assert described["Target"]["Arn"] == queue_arn["Attributes"]["QueueArn"]
 
-    # What the Scheduler sends at 09:00: its Input, the time filled in.
-    body = described["Target"]["Input"].replace("<aws.scheduler.scheduled-time>", "2026-11-26T09:00:00Z")
+    # What the Scheduler sends at 09:00: its Input, the time filled in (the next 09:00: a past
+    # one that a later fire time followed would fire as that one, ``fire``).
+    at = next_fire("cron(0 9 ? * MON-FRI *)", time.time())
+    body = described["Target"]["Input"].replace("<aws.scheduler.scheduled-time>", _iso(at))
     dispatcher = build_dispatcher(Engine(store, worker_id="w", tools=tools), store, queues, max_receive_count=5)
     action = dispatcher.handle(body, tier="normal", receive_count=1)
-    fired = fire_task_id("acme", "nightly", _at("2026-11-26T09:00:00"))
+    fired = fire_task_id("acme", "nightly", at)
     assert action.kind == "delete" and action.task_id == fired
     assert dispatcher.handle(body, tier="normal", receive_count=2).task_id == fired  # a repeated delivery
     assert store.tasks.get(fired).submission.goal == "report"
@@ -186,8 +196,9 @@ def test_a_fire_whose_stored_submission_is_refused_is_counted_failed_dead_letter
 
     # In AWS the Scheduler's message reaches an executor: dead-lettered at once, with the reason.
     dispatcher = build_dispatcher(Engine(store, worker_id="w", tools=tools), store, queues, max_receive_count=5)
+    at = next_fire("rate(1 minute)", time.time() + 3600)  # a fire time no later one has followed yet
     message = {"task_id": "schedule:acme#archive", "kind": "schedule", "schedule": "acme#archive",
-               "scheduled_time": "2026-11-26T09:00:00Z"}  # fmt: skip
+               "scheduled_time": _iso(at)}  # fmt: skip
     action = dispatcher.handle(json.dumps(message), tier="normal", receive_count=1)
     assert action.kind == "dead_letter", action
     assert action.reason.startswith("poison: schedule archive: memory[0].store: no memory store 'notes'")
@@ -195,7 +206,7 @@ def test_a_fire_whose_stored_submission_is_refused_is_counted_failed_dead_letter
 
     store.memory_stores.create_store("acme", MemoryStoreSpec(name="notes"))  # its owner fixes the cause
     healed = dispatcher.handle(json.dumps(message), tier="normal", receive_count=1)
-    assert healed.kind == "delete" and healed.task_id == fire_task_id("acme", "archive", _at("2026-11-26T09:00:00"))
+    assert healed.kind == "delete" and healed.task_id == fire_task_id("acme", "archive", at)
     after = store.schedules.get("acme", "archive")
     assert (after.fired, after.failed, after.last_error) == (1, 2, None)
 
@@ -358,3 +369,28 @@ def test_replacing_a_schedule_keeps_its_overlap_skip_for_the_task_still_live(mot
     assert first is not None and not store.tasks.get(first).status.terminal
     assert fire(store, tools, queues, tenant="acme", name="nightly", fire_time=made.next_fire_at + 3600) is None
     assert store.schedules.get("acme", "nightly").skipped == 1
+
+
+def test_a_missed_hour_makes_as_many_tasks_locally_as_in_aws(moto_server: MotoServer) -> None:
+    """Three hourly fire times missed (overlap ``allow``): the local ticker fires once, for the
+    latest; in AWS the Scheduler's three messages, waiting in SQS while no executor ran, are
+    received late and make one task too, the latest's, counted once."""
+    from agentq.core.engine import Engine
+    from agentq.runtime import build_dispatcher
+
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    spec = {"expression": "rate(1 hour)", "overlap": "allow"}
+    local = create_schedule(store, tools, _spec("local", **spec), tenant="acme").next_fire_at
+    made_locally = fire_due(store, tools, queues, now=local + 2 * 3600 + 1)  # three fire times passed
+    assert made_locally == [fire_task_id("acme", "local", local + 2 * 3600)]
+
+    create_schedule(store, tools, _spec("aws", **spec), tenant="acme")
+    dispatcher = build_dispatcher(Engine(store, worker_id="w", tools=tools), store, queues, max_receive_count=5)
+    latest = last_fire("rate(1 hour)", time.time())
+    made_in_aws = set()
+    for at in (latest - 7200, latest - 3600, latest):  # the three messages the Scheduler sent while no executor ran
+        body = {"task_id": "schedule:acme#aws", "kind": "schedule", "schedule": "acme#aws", "scheduled_time": _iso(at)}
+        made_in_aws.add(dispatcher.handle(json.dumps(body), tier="normal", receive_count=1).task_id)
+    assert made_in_aws == {fire_task_id("acme", "aws", latest)}
+    assert [s.fired for s in store.schedules.list("acme")] == [1, 1]

@@ -5,8 +5,9 @@ Scheduler schedule in the stack's group, whose target is the normal tier queue w
 ``schedule`` message (the fire time filled in by the Scheduler), sent with the stack's
 scheduler role: the executor that receives it fires. In ``agentq dev`` a thread calls
 ``fire_due`` every second instead (a fire it moved past but did not finish is fired on a later
-tick: ``pending_fire``). Either way a fire is ``fire``: the overlap policy, then one
-task per fire time (its id derived from it), enqueued.
+tick: ``pending_fire``). Either way a fire is ``fire``: a fire time held up past the next is
+fired as the latest due (a backlog makes one task), then the overlap policy, then one task per
+fire time (its id derived from it), enqueued.
 
 A fire whose stored submission is refused (its agent, alias, workspace or memory store deleted
 since, a tool no longer registered, a field that no longer validates) is counted on the schedule
@@ -29,7 +30,7 @@ from agentq.control.submit import prepare_submission, submit_once
 from agentq.control.validation import parse_submission, validate_body
 from agentq.core.errors import DETERMINISTIC_FAULTS, AgentqError, ValidationError, fault_error
 from agentq.core.models import Task, TaskStatus
-from agentq.core.schedules import ScheduleSpec, fire_task_id, next_fire
+from agentq.core.schedules import ScheduleSpec, fire_task_id, last_fire, next_fire
 from agentq.core.stops import ScopeStopped
 from agentq.core.tools import ToolRegistry
 from agentq.queueing.queues import TaskQueues
@@ -99,11 +100,24 @@ def _aws_schedule(group: str, tenant: str, spec: ScheduleSpec) -> None:
 
 
 def fire(
-    store: Storage, tools: ToolRegistry, queues: TaskQueues | None, *, tenant: str, name: str, fire_time: float
+    store: Storage,
+    tools: ToolRegistry,
+    queues: TaskQueues | None,
+    *,
+    tenant: str,
+    name: str,
+    fire_time: float,
+    now: float | None = None,
 ) -> str | None:
     """One fire of a schedule: the task it created (or had created: a repeated delivery), or
     None when the overlap policy skipped it (or the schedule is gone). A refused submission
     (``REFUSED``) is counted as a failed fire on the schedule, then raised.
+
+    A fire time that a later one has followed by ``now`` (the fire held up: executors down, a
+    backlog in the queue) fires as the latest fire time due (``core.schedules.last_fire``):
+    however many of a backlog's fires arrive, they make one task, as the local ticker makes
+    one for the fire times it missed (``fire_due``), and a queue that lags behind steadily
+    still fires once a period.
 
     With overlap ``skip`` the fire claims the schedule before it submits (``Schedules.claim``:
     ``last_task_id`` set to its task's id, on condition no other fire claimed since it read
@@ -112,6 +126,9 @@ def fire(
     is not made is in flight for ``CLAIM_SECONDS``; a fire that made no task puts the claim
     back (``Schedules.release``)."""
     schedule = _get(store, tenant, name)
+    if schedule is None:
+        return None
+    fire_time = _coalesced(schedule, fire_time, time.time() if now is None else now)
     task_id = fire_task_id(tenant, name, fire_time)
     for _ in range(CLAIM_TRIES):
         if schedule is None or schedule.last_skipped_slot == fire_time:
@@ -150,6 +167,15 @@ def fire(
     store.schedules.record_fire(tenant, name, fire_time, task_id=task_id if schedule.spec.overlap == "allow" else None)
     log.info("schedule %s/%s fired: task %s", tenant, name, submitted.task.task_id)
     return submitted.task.task_id
+
+
+def _coalesced(schedule: Schedule, fire_time: float, now: float) -> float:
+    latest = last_fire(schedule.spec.expression, now) if fire_time <= now else fire_time
+    if latest <= fire_time:
+        return fire_time
+    log.info("schedule %s/%s: the fire at %s is past, fired as the latest due, at %s",
+             schedule.tenant, schedule.spec.name, fire_time, latest)  # fmt: skip
+    return latest
 
 
 def _get(store: Storage, tenant: str, name: str) -> Schedule | None:
@@ -198,8 +224,9 @@ def _made(store: Storage, queues: TaskQueues | None, schedule: Schedule, task: T
 
 def fire_due(store: Storage, tools: ToolRegistry, queues: TaskQueues | None, *, now: float | None = None) -> list[str]:
     """The local scheduler's tick: fire every schedule whose time has come, once (a schedule
-    that missed several fires while nothing ran fires once, for the latest). A schedule whose
-    submission is refused is counted failed (``fire``) and the others still fire.
+    that missed several fires while nothing ran fires once, for the latest, as ``fire``
+    coalesces a backlog of the Scheduler's messages in AWS). A schedule whose submission is
+    refused is counted failed (``fire``) and the others still fire.
 
     Moving ``next_fire_at`` on and firing are two steps, so the move notes the fire time as
     pending (``Schedules.advance``) and the fire takes it off once done: a fire an outage cuts
@@ -211,26 +238,31 @@ def fire_due(store: Storage, tools: ToolRegistry, queues: TaskQueues | None, *, 
     fired: list[str] = []
     for schedule in store.schedules.list():
         if schedule.pending_fire is not None:  # a fire cut short: its slot first
-            _fire_pending(store, tools, queues, schedule, schedule.pending_fire, fired)
+            _fire_pending(store, tools, queues, schedule, schedule.pending_fire, fired, now)
         if schedule.next_fire_at > now:
             continue
-        due = schedule.next_fire_at
-        while (following := next_fire(schedule.spec.expression, due)) <= now:
-            due = following
+        due = max(schedule.next_fire_at, last_fire(schedule.spec.expression, now))
+        following = next_fire(schedule.spec.expression, due)
         if not store.schedules.advance(schedule, following, firing=due):
             continue  # another loop fired it (or fires the one still pending)
-        _fire_pending(store, tools, queues, schedule, due, fired)
+        _fire_pending(store, tools, queues, schedule, due, fired, now)
     return fired
 
 
 def _fire_pending(
-    store: Storage, tools: ToolRegistry, queues: TaskQueues | None, schedule: Schedule, due: float, fired: list[str]
+    store: Storage,
+    tools: ToolRegistry,
+    queues: TaskQueues | None,
+    schedule: Schedule,
+    due: float,
+    fired: list[str],
+    now: float,
 ) -> None:
     """Fire the slot ``due`` of ``schedule``, then take it off as pending; an outage raises with
     it left pending, for the next tick."""
     tenant, name = schedule.tenant, schedule.spec.name
     try:
-        task_id = fire(store, tools, queues, tenant=tenant, name=name, fire_time=due)
+        task_id = fire(store, tools, queues, tenant=tenant, name=name, fire_time=due, now=now)
     except REFUSED:
         task_id = None  # counted and logged by ``fire``
     store.schedules.fired(tenant, name, due)

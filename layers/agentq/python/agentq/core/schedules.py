@@ -71,6 +71,20 @@ def next_fire(expression: str, after: float) -> float:
         ) from None
 
 
+def last_fire(expression: str, at: float) -> float:
+    """The latest fire time at or before ``at``: the fire time that stands for every one a
+    backlog holds up to ``at`` (``control.schedules.fire`` coalesces them into it)."""
+    following = next_fire(expression, at)
+    rate = _RATE.fullmatch(expression)
+    if rate is not None:
+        return following - int(rate[1]) * _UNIT_SECONDS[rate[2].rstrip("s")]
+    from croniter import croniter
+
+    cron = _CRON.fullmatch(expression)
+    assert cron is not None  # next_fire refused anything else
+    return float(croniter(_croniter_fields(cron[1]), datetime.fromtimestamp(following, UTC)).get_prev(float))
+
+
 def _croniter_fields(body: str) -> str:
     """EventBridge's six fields (with ``?`` and a year, day-of-week 1-7 from Sunday) as
     croniter's five (day-of-week 0-6 from Sunday)."""
