@@ -394,3 +394,22 @@ def test_a_missed_hour_makes_as_many_tasks_locally_as_in_aws(moto_server: MotoSe
         made_in_aws.add(dispatcher.handle(json.dumps(body), tier="normal", receive_count=1).task_id)
     assert made_in_aws == {fire_task_id("acme", "aws", latest)}
     assert [s.fired for s in store.schedules.list("acme")] == [1, 1]
+
+
+def test_in_aws_the_listed_next_fire_moves_on_after_each_fire(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No local ticker runs in AWS: the fire the Scheduler's message makes moves the schedule's
+    ``next_fire_at`` on (``GET /schedules``), never back (a repeated delivery of an earlier fire)."""
+    from agentq.core.engine import Engine
+    from agentq.runtime import build_dispatcher
+
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    first = create_schedule(store, tools, _spec(expression="rate(1 hour)"), tenant="acme").next_fire_at
+    dispatcher = build_dispatcher(Engine(store, worker_id="w", tools=tools), store, queues, max_receive_count=5)
+    for at, then in ((first, first + 3600), (first + 3600, first + 7200), (first, first + 7200)):
+        message = {"task_id": "schedule:acme#nightly", "kind": "schedule", "schedule": "acme#nightly",
+                   "scheduled_time": _iso(at)}  # fmt: skip
+        assert dispatcher.handle(json.dumps(message), tier="normal", receive_count=1).kind == "delete"
+        assert store.schedules.get("acme", "nightly").next_fire_at == then

@@ -47,3 +47,10 @@ def test_a_skip_is_counted_once_for_its_fire_time(backend: Storage) -> None:
     assert backend.schedules.record_skip("acme", "nightly", 7200.0)
     kept = backend.schedules.get("acme", "nightly")
     assert (kept.skipped, kept.last_skipped_slot) == (2, 7200.0)
+
+
+def test_the_next_fire_moves_on_and_never_back(backend: Storage) -> None:
+    backend.schedules.put("acme", SPEC, 3600.0)
+    backend.schedules.move_on("acme", "nightly", 7200.0)
+    backend.schedules.move_on("acme", "nightly", 3600.0)  # an earlier fire delivered again
+    assert backend.schedules.get("acme", "nightly").next_fire_at == 7200.0

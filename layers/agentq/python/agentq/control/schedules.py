@@ -129,6 +129,8 @@ def fire(
     if schedule is None:
         return None
     fire_time = _coalesced(schedule, fire_time, time.time() if now is None else now)
+    if (following := next_fire(schedule.spec.expression, fire_time)) > schedule.next_fire_at:
+        store.schedules.move_on(tenant, name, following)  # in AWS no ticker moves it
     task_id = fire_task_id(tenant, name, fire_time)
     for _ in range(CLAIM_TRIES):
         if schedule is None or schedule.last_skipped_slot == fire_time:

@@ -101,6 +101,14 @@ class Schedules:
             return False
         return True
 
+    def move_on(self, tenant: str, name: str, to: float) -> None:
+        """A fire happened: ``next_fire_at`` moves on to ``to`` unless it is there or past
+        already (the local ticker moved it; a later fire did). In AWS no ticker moves it, so
+        each fire does, and ``GET /schedules`` shows the next fire, not the first."""
+        with contextlib.suppress(ConditionFailed):
+            self.table.update(self._key(tenant, name), Update(set={"next_fire_at": Decimal(repr(to))}),
+                              condition=Attr("next_fire_at").lt(Decimal(repr(to))))  # fmt: skip
+
     def fired(self, tenant: str, name: str, fire_time: float) -> None:
         """The pending fire at ``fire_time`` is done (a task made or found, a skip, a refusal):
         take it off, if it is still the pending one (and the schedule still exists)."""

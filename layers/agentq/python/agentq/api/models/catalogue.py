@@ -66,7 +66,7 @@ class ScheduleView(ApiModel):
     submission: dict[str, Any]
     created_at: float
     next_fire_at: float = Field(
-        description="when it fires next (UTC seconds; the local scheduler's, in AWS the Scheduler's)"
+        description="when it fires next (UTC seconds): moved on by each fire, in AWS as in agentq dev"
     )
     last_task_id: str | None
     fired: int = Field(description="fires that submitted a task")
