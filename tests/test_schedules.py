@@ -5,6 +5,7 @@ creates a Scheduler schedule whose message, delivered to the tier queue, fires t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from datetime import UTC, datetime
@@ -413,3 +414,21 @@ def test_in_aws_the_listed_next_fire_moves_on_after_each_fire(
                    "scheduled_time": _iso(at)}  # fmt: skip
         assert dispatcher.handle(json.dumps(message), tier="normal", receive_count=1).kind == "delete"
         assert store.schedules.get("acme", "nightly").next_fire_at == then
+
+
+def test_the_scheduler_name_of_a_schedule_with_the_longest_allowed_name_fits_eventbridges_64_characters() -> None:
+    """A schedule's name may be 64 characters (``core.schedules.NAME_PATTERN``); EventBridge
+    Scheduler's names are 1-64 (botocore's model; moto does not enforce it), so in AWS a name
+    over 51 was refused. Names that fit keep the form they were made under (found again to
+    replace and delete), and no two tenants' or names' Scheduler names meet."""
+    from botocore.session import get_session
+
+    from agentq.control.schedules import _aws_name
+
+    limit = get_session().get_service_model("scheduler").shape_for("Name").metadata["max"]
+    assert len(_aws_name("acme", "n" * 64)) <= limit == 64
+    assert _aws_name("acme", "nightly") == "nightly-" + hashlib.sha256(b"acme").hexdigest()[:12]  # as first made
+    names = {
+        _aws_name(t, n) for t in ("acme", "other") for n in ("n" * 51, "n" * 52, "n" * 63, "n" * 64, "n" * 63 + "m")
+    }
+    assert len(names) == 10 and all(len(n) <= 64 for n in names)

@@ -78,9 +78,18 @@ def delete_schedule(store: Storage, *, tenant: str, name: str) -> None:
 
 
 def _aws_name(tenant: str, name: str) -> str:
+    """The Scheduler schedule's name: unique per tenant and name, within the Scheduler's 64
+    characters. A name of up to 51 characters keeps the form schedules were first made under
+    (``<name>-<12 hex of the tenant>``), so those are still found to replace and delete. A
+    longer one (up to 64, ``core.schedules.NAME_PATTERN``) keeps its first 39 characters and
+    adds 24 hex of tenant and name: a tenant chooses the name, so the digest must be too long
+    to search for one that lands on another tenant's schedule. The two forms never meet: the
+    first's 64-character names have '-' where the second has a hex digit."""
     import hashlib
 
-    return f"{name}-{hashlib.sha256(tenant.encode()).hexdigest()[:12]}"  # unique per tenant, within 64 chars
+    if len(name) <= 51:
+        return f"{name}-{hashlib.sha256(tenant.encode()).hexdigest()[:12]}"
+    return f"{name[:39]}-{hashlib.sha256(f'{tenant}#{name}'.encode()).hexdigest()[:24]}"
 
 
 def _aws_schedule(group: str, tenant: str, spec: ScheduleSpec) -> None:
