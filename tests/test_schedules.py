@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
 
 from agentq.control.schedules import create_schedule, delete_schedule, fire, fire_due
 from agentq.control.submit import submit_once
@@ -432,3 +435,91 @@ def test_the_scheduler_name_of_a_schedule_with_the_longest_allowed_name_fits_eve
         _aws_name(t, n) for t in ("acme", "other") for n in ("n" * 51, "n" * 52, "n" * 63, "n" * 64, "n" * 63 + "m")
     }
     assert len(names) == 10 and all(len(n) <= 64 for n in names)
+
+
+class _RefusingScheduler(ThreadingHTTPServer):
+    """EventBridge Scheduler's wire protocol (rest-json), answering every call as AWS answers
+    an expression croniter takes and EventBridge does not (moto takes any)."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = json.dumps({"Message": "Invalid Schedule Expression cron(0 9 L * ? *)."}).encode()
+                self.send_response(400)
+                self.send_header("x-amzn-ErrorType", "ValidationException")
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+def _in_aws(settings: Any, queues: Any, monkeypatch: pytest.MonkeyPatch, scheduler_url: str, group: str) -> None:
+    queue_arn = queues.sqs.get_queue_attributes(QueueUrl=queues.url("normal"), AttributeNames=["QueueArn"])
+    monkeypatch.setenv("AGENTQ_SCHEDULER_GROUP", group)
+    monkeypatch.setenv("AGENTQ_SCHEDULE_TARGET_ARN", queue_arn["Attributes"]["QueueArn"])
+    monkeypatch.setenv("AGENTQ_SCHEDULER_ROLE_ARN", "arn:aws:iam::123456789012:role/agentq-scheduler")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SCHEDULER", scheduler_url)
+
+
+def test_in_aws_a_schedule_the_scheduler_refuses_is_not_left_written(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Scheduler's schedule is made before the stored one: refused there (a group that does
+    not exist, an outage), nothing is stored, where it stayed listed with a next fire that
+    never came; an expression EventBridge refuses is a ValidationError naming ``expression``
+    (a 422), and a replace it refuses leaves the schedule as it was."""
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    _in_aws(settings, queues, monkeypatch, moto_server.endpoint_url, f"{settings.prefix}-no-such-group")
+    with pytest.raises(ClientError):  # moto answers 500 for a missing group; AWS, ResourceNotFoundException
+        create_schedule(store, tools, _spec(), tenant="acme")
+    assert store.schedules.list() == []
+
+    boto3.client("scheduler", endpoint_url=moto_server.endpoint_url, region_name="us-east-1").create_schedule_group(
+        Name=f"{settings.prefix}-schedules"
+    )
+    monkeypatch.setenv("AGENTQ_SCHEDULER_GROUP", f"{settings.prefix}-schedules")
+    create_schedule(store, tools, _spec("kept"), tenant="acme")
+    with _RefusingScheduler() as scheduler:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_SCHEDULER", scheduler.url)
+        with pytest.raises(ValidationError) as refused:
+            create_schedule(store, tools, _spec(expression="cron(0 9 ? * MON-FRI *)"), tenant="acme")
+        with pytest.raises(ValidationError):  # a replace
+            create_schedule(store, tools, _spec("kept", expression="cron(0 9 ? * MON-FRI *)"), tenant="acme")
+        scheduler.shutdown()
+    assert refused.value.field == "expression" and "Invalid Schedule Expression" in refused.value.message
+    assert [(s.spec.name, s.spec.expression) for s in store.schedules.list()] == [("kept", "rate(1 minute)")]
+
+
+def test_in_aws_a_delete_the_scheduler_fails_leaves_the_schedule_listed_for_a_delete_again(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Scheduler's schedule is deleted before the stored one: an outage between leaves the
+    schedule listed (DELETE again finishes it), never a Scheduler schedule firing on for one
+    no DELETE can reach (it answers 404)."""
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    scheduler = boto3.client("scheduler", endpoint_url=moto_server.endpoint_url, region_name="us-east-1")
+    scheduler.create_schedule_group(Name=f"{settings.prefix}-schedules")
+    _in_aws(settings, queues, monkeypatch, moto_server.endpoint_url, f"{settings.prefix}-schedules")
+    create_schedule(store, tools, _spec(), tenant="acme")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SCHEDULER", "http://127.0.0.1:9")  # unreachable
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    with pytest.raises(EndpointConnectionError):
+        delete_schedule(store, tenant="acme", name="nightly")
+    assert [s.spec.name for s in store.schedules.list()] == ["nightly"]
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SCHEDULER", moto_server.endpoint_url)
+    delete_schedule(store, tenant="acme", name="nightly")
+    assert store.schedules.list() == []
+    assert scheduler.list_schedules(GroupName=f"{settings.prefix}-schedules")["Schedules"] == []

@@ -50,31 +50,48 @@ CLAIM_TRIES = 5  # claims lost to other fires before this fire gives up (its mes
 
 
 def create_schedule(store: Storage, tools: ToolRegistry, raw: Any, *, tenant: str) -> Schedule:
-    """Validate fully (the expression; the submission as POST /tasks would), store it, and in
-    AWS create its Scheduler schedule. A bad field is a ValidationError naming it; nothing is written."""
+    """Validate fully (the expression; the submission as POST /tasks would), in AWS create (or
+    update) its Scheduler schedule, then store it. A bad field is a ValidationError naming it;
+    nothing is written.
+
+    The Scheduler goes first: an expression it refuses that ``core.schedules`` took (its
+    ValidationException) is a ValidationError naming ``expression``, and any refusal or
+    outage there leaves nothing stored, where a schedule stored first stayed listed with a
+    next fire that never came. A store that fails after a new Scheduler schedule was made
+    takes that back (best effort: one left fires a schedule that is gone, which makes nothing)."""
     spec = validate_body(ScheduleSpec, raw, what="a schedule")
     try:
         prepare_submission(store, tools, parse_submission(spec.submission), tenant=tenant)
     except AgentqError as exc:
         field = f"submission.{exc.field}" if exc.field and exc.field != "body" else "submission"
         raise ValidationError(f"submission: {exc.message}", field=field) from None
-    now = time.time()
-    schedule = store.schedules.put(tenant, spec, next_fire(spec.expression, now))
     group = os.environ.get("AGENTQ_SCHEDULER_GROUP")
-    if group:
-        _aws_schedule(group, tenant, spec)
-    return schedule
+    made = _aws_schedule(group, tenant, spec) if group else False
+    try:
+        return store.schedules.put(tenant, spec, next_fire(spec.expression, time.time()))
+    except Exception:
+        if group and made:
+            with contextlib.suppress(Exception):  # the store's error is the one to answer with
+                _aws_delete(group, tenant, spec.name)
+        raise
 
 
 def delete_schedule(store: Storage, *, tenant: str, name: str) -> None:
-    store.schedules.delete(tenant, name)
+    """Delete the Scheduler schedule first, then the stored one: a failure between the two
+    leaves the schedule listed (a DELETE again finishes it), never a Scheduler schedule firing
+    for one that no DELETE can reach."""
     group = os.environ.get("AGENTQ_SCHEDULER_GROUP")
     if group:
-        import boto3
+        _aws_delete(group, tenant, name)
+    store.schedules.delete(tenant, name)
 
-        client = boto3.client("scheduler")
-        with contextlib.suppress(client.exceptions.ResourceNotFoundException):  # never made, or gone
-            client.delete_schedule(Name=_aws_name(tenant, name), GroupName=group)
+
+def _aws_delete(group: str, tenant: str, name: str) -> None:
+    import boto3
+
+    client = boto3.client("scheduler")
+    with contextlib.suppress(client.exceptions.ResourceNotFoundException):  # never made, or gone
+        client.delete_schedule(Name=_aws_name(tenant, name), GroupName=group)
 
 
 def _aws_name(tenant: str, name: str) -> str:
@@ -92,7 +109,8 @@ def _aws_name(tenant: str, name: str) -> str:
     return f"{name[:39]}-{hashlib.sha256(f'{tenant}#{name}'.encode()).hexdigest()[:24]}"
 
 
-def _aws_schedule(group: str, tenant: str, spec: ScheduleSpec) -> None:
+def _aws_schedule(group: str, tenant: str, spec: ScheduleSpec) -> bool:
+    """Create the Scheduler schedule, or update the one there: True when it was created."""
     import boto3
 
     message = {"task_id": f"schedule:{tenant}#{spec.name}"[:128], "kind": "schedule", "schedule": f"{tenant}#{spec.name}",
@@ -103,9 +121,19 @@ def _aws_schedule(group: str, tenant: str, spec: ScheduleSpec) -> None:
     kwargs = {"Name": _aws_name(tenant, spec.name), "GroupName": group, "ScheduleExpression": spec.expression,
               "FlexibleTimeWindow": {"Mode": "OFF"}, "Target": target}  # fmt: skip
     try:
-        client.create_schedule(**kwargs)
-    except client.exceptions.ConflictException:
-        client.update_schedule(**kwargs)
+        try:
+            client.create_schedule(**kwargs)
+        except client.exceptions.ConflictException:
+            client.update_schedule(**kwargs)
+            return False
+    except client.exceptions.ValidationException as exc:
+        refusal = str(exc.response.get("Error", {}).get("Message", ""))
+        if "expression" not in refusal.lower():
+            raise  # nothing the caller sent: the deployment's (its target, its role)
+        raise ValidationError(
+            f"expression: EventBridge Scheduler refuses it: {refusal[:300]}", field="expression"
+        ) from None
+    return True
 
 
 def fire(
