@@ -144,12 +144,17 @@ def test_in_aws_a_scheduler_schedule_is_made_and_its_message_fires_the_task(
     monkeypatch.setenv("AGENTQ_SCHEDULE_TARGET_ARN", queue_arn["Attributes"]["QueueArn"])
     monkeypatch.setenv("AGENTQ_SCHEDULER_ROLE_ARN", "arn:aws:iam::123456789012:role/agentq-scheduler")
     monkeypatch.setenv("AWS_ENDPOINT_URL_SCHEDULER", moto_server.endpoint_url)
+    dlq_arn = queues.sqs.get_queue_attributes(QueueUrl=queues.dlq_url("normal"), AttributeNames=["QueueArn"])
+    monkeypatch.setenv("AGENTQ_SCHEDULE_DLQ_ARN", dlq_arn["Attributes"]["QueueArn"])
 
     create_schedule(store, tools, _spec(expression="cron(0 9 ? * MON-FRI *)"), tenant="acme")
     [made] = scheduler.list_schedules(GroupName=f"{settings.prefix}-schedules")["Schedules"]
     described = scheduler.get_schedule(Name=made["Name"], GroupName=f"{settings.prefix}-schedules")
     assert described["ScheduleExpression"] == "cron(0 9 ? * MON-FRI *)"
     assert described["Target"]["Arn"] == queue_arn["Attributes"]["QueueArn"]
+    assert described["Target"]["DeadLetterConfig"] == {
+        "Arn": dlq_arn["Attributes"]["QueueArn"]
+    }  # a fire it could not send
 
     # What the Scheduler sends at 09:00: its Input, the time filled in (the next 09:00: a past
     # one that a later fire time followed would fire as that one, ``fire``).

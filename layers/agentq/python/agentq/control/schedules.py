@@ -3,7 +3,8 @@
 In AWS (``AGENTQ_SCHEDULER_GROUP`` set) creating a schedule also creates an EventBridge
 Scheduler schedule in the stack's group, whose target is the normal tier queue with a
 ``schedule`` message (the fire time filled in by the Scheduler), sent with the stack's
-scheduler role: the executor that receives it fires. In ``agentq dev`` a thread calls
+scheduler role: the executor that receives it fires. With ``AGENTQ_SCHEDULE_DLQ_ARN`` set, a
+fire the Scheduler could not send past its retries goes to that queue (its dead-letter config). In ``agentq dev`` a thread calls
 ``fire_due`` every second instead (a fire it moved past but did not finish is fired on a later
 tick: ``pending_fire``). Either way a fire is ``fire``: a fire time held up past the next is
 fired as the latest due (a backlog makes one task), then the overlap policy, then one task per
@@ -115,8 +116,12 @@ def _aws_schedule(group: str, tenant: str, spec: ScheduleSpec) -> bool:
 
     message = {"task_id": f"schedule:{tenant}#{spec.name}"[:128], "kind": "schedule", "schedule": f"{tenant}#{spec.name}",
                "scheduled_time": "<aws.scheduler.scheduled-time>"}  # fmt: skip
-    target = {"Arn": os.environ["AGENTQ_SCHEDULE_TARGET_ARN"], "RoleArn": os.environ["AGENTQ_SCHEDULER_ROLE_ARN"],
-              "Input": json.dumps(message)}  # fmt: skip
+    target: dict[str, Any] = {"Arn": os.environ["AGENTQ_SCHEDULE_TARGET_ARN"],
+                              "RoleArn": os.environ["AGENTQ_SCHEDULER_ROLE_ARN"], "Input": json.dumps(message)}  # fmt: skip
+    # A fire the Scheduler could not send (the queue unreachable past its retries, the role
+    # refused) lands there with the reason, instead of being dropped unseen.
+    if dlq := os.environ.get("AGENTQ_SCHEDULE_DLQ_ARN"):
+        target["DeadLetterConfig"] = {"Arn": dlq}
     client = boto3.client("scheduler")
     kwargs = {"Name": _aws_name(tenant, spec.name), "GroupName": group, "ScheduleExpression": spec.expression,
               "FlexibleTimeWindow": {"Mode": "OFF"}, "Target": target}  # fmt: skip
