@@ -59,6 +59,18 @@ def test_an_expression_that_never_fires_or_names_a_year_is_refused_saying_so() -
     assert next_fire("cron(0 9 29 2 ? *)", now) == _at("2028-02-29T09:00:00")  # rare, not never
 
 
+def test_a_numbered_nth_weekday_fires_on_the_day_eventbridge_means() -> None:
+    """EventBridge numbers the days of the week 1-7 from Sunday, so ``3#2`` is the second
+    Tuesday, as ``TUE#2`` is. The number before '#' once stayed as written, and croniter (0-6
+    from Sunday) read the second Wednesday: the local ticker fired a day late and
+    ``next_fire_at`` showed that day, locally and in AWS."""
+    nov_1 = _at("2026-11-01T00:00:00")
+    assert next_fire("cron(0 9 ? * TUE#2 *)", nov_1) == _at("2026-11-10T09:00:00")
+    assert next_fire("cron(0 9 ? * 3#2 *)", nov_1) == _at("2026-11-10T09:00:00")
+    assert next_fire("cron(0 9 ? * 1#1 *)", nov_1) == _at("2026-11-01T09:00:00")  # the first Sunday
+    assert next_fire("cron(0 9 ? * 7#1 *)", nov_1) == _at("2026-11-07T09:00:00")  # the first Saturday
+
+
 def _spec(name: str = "nightly", expression: str = "rate(1 minute)", **extra: Any) -> dict[str, Any]:
     return {"name": name, "expression": expression,
             "submission": {"goal": "report", "script": {"turns": [{"text": "report done"}]}}, **extra}  # fmt: skip

@@ -98,7 +98,8 @@ def _croniter_fields(body: str) -> str:
         raise ValueError(f"cron(): the year must be '*' (a schedule here fires every year), not {year!r}")
     if "?" not in (dom, dow):
         raise ValueError("cron(): one of day-of-month and day-of-week must be '?'")
-    dow = re.sub(r"\d+", lambda m: str((int(m[0]) - 1) % 7) if "#" not in dow else m[0], dow.replace("?", "*"))
+    # Every day number moves down one; the count after '#' (``3#2``: the second Tuesday) is no day.
+    dow = re.sub(r"(?<![#\d])\d+", lambda m: str((int(m[0]) - 1) % 7), dow.replace("?", "*"))
     spec = " ".join([minutes, hours, dom.replace("?", "*"), month, dow])
     if not croniter.is_valid(spec):
         raise ValueError(f"cron(): not a valid expression: {body!r}")
