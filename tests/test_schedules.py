@@ -71,6 +71,49 @@ def test_a_numbered_nth_weekday_fires_on_the_day_eventbridge_means() -> None:
     assert next_fire("cron(0 9 ? * 7#1 *)", nov_1) == _at("2026-11-07T09:00:00")  # the first Saturday
 
 
+def test_eventbridges_last_and_weekday_wildcards_give_the_day_eventbridge_means() -> None:
+    nov_1 = _at("2026-11-01T00:00:00")  # a Sunday
+    assert next_fire("cron(0 9 ? * 7 *)", nov_1) == _at("2026-11-07T09:00:00")  # 7 is Saturday
+    assert next_fire("cron(0 9 ? * L *)", nov_1) == _at("2026-11-07T09:00:00")  # the week's last day
+    assert next_fire("cron(0 9 ? * 6L *)", nov_1) == _at("2026-11-27T09:00:00")  # the month's last Friday
+    assert next_fire("cron(0 9 L * ? *)", nov_1) == _at("2026-11-30T09:00:00")  # the month's last day
+    assert next_fire("cron(0 9 7W * ? *)", nov_1) == _at("2026-11-06T09:00:00")  # the weekday nearest the 7th
+    assert next_fire("cron(0/20 9 ? JAN-MAR,NOV sun-TUE *)", nov_1) == _at("2026-11-01T09:00:00")
+    assert next_fire("cron(*/20 10-11/1 ? JUL WED *)", nov_1) == _at("2027-07-07T10:00:00")
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "cron(0 9 ? * 0 *)",  # day-of-week is 1-7: croniter read 0 as Saturday
+        "cron(0 9 ? * 8 *)",  # read as Sunday
+        "cron(0 9 ? * 99999999999999999999 *)",  # read modulo 7
+        "cron(0 9 ? * MON-99 *)",
+        "cron(0 9 ? * 1/0 *)",  # a step of 0, rewritten to '0/6'
+        "cron(0/0 9 * * ? *)",
+        "cron(R 9 * * ? *)",  # croniter's random minute: every next_fire differed
+        "cron(H 9 * * ? *)",  # croniter's hashed minute
+        "cron(0 9 ? * 3#1,6#3 *)",  # EventBridge: '#' only as the field's one expression
+        "cron(0 9 ? * 3#6 *)",
+        "cron(60 9 * * ? *)",
+        "cron(0 24 * * ? *)",
+        "cron(0 9 0 * ? *)",
+        "cron(0 9 32 * ? *)",
+        "cron(0 9 1 13 ? *)",
+        "cron(0 9 * * ? ?)",  # the year takes no '?'
+        "cron(0 9 5-1 * ? *)",
+        "cron(0 9 ?,1 * MON *)",
+        "cron(0 9 1W,2 * ? *)",
+    ],
+)
+def test_a_cron_eventbridge_refuses_is_refused_naming_the_expression(expression: str) -> None:
+    """EventBridge's grammar, checked field by field before croniter reads the expression:
+    croniter took these, and either EventBridge refuses them (in AWS the schedule could not be
+    made) or they meant something else locally."""
+    with pytest.raises(ValueError, match=r"^cron\(\): "):
+        next_fire(expression, 0.0)
+
+
 def _spec(name: str = "nightly", expression: str = "rate(1 minute)", **extra: Any) -> dict[str, Any]:
     return {"name": name, "expression": expression,
             "submission": {"goal": "report", "script": {"turns": [{"text": "report done"}]}}, **extra}  # fmt: skip
@@ -114,6 +157,7 @@ def test_a_due_schedule_fires_one_task_per_fire_time_and_skips_while_the_previou
     [
         (_spec(expression="every day"), "expression"),
         (_spec(expression="cron(0 9 * * MON *)"), "expression"),
+        (_spec(expression="cron(0 9 ? * 0 *)"), "expression"),
         (_spec(name="Bad Name"), "name"),
         (_spec(overlap="queue"), "overlap"),
         (

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from pydantic import Field, field_validator
 
@@ -87,23 +88,112 @@ def last_fire(expression: str, at: float) -> float:
 
 def _croniter_fields(body: str) -> str:
     """EventBridge's six fields (with ``?`` and a year, day-of-week 1-7 from Sunday) as
-    croniter's five (day-of-week 0-6 from Sunday)."""
+    croniter's five (day-of-week 0-6 from Sunday), each checked against EventBridge's grammar
+    first (``_Field``): croniter reads more than EventBridge takes (a day of week 0 or 8, a step
+    of 0, its random ``R`` and hashed ``H``, several '#' terms), and what EventBridge refuses
+    must be refused here, or in AWS the schedule cannot be made and locally it fires on days
+    nobody meant."""
     from croniter import croniter
 
-    fields = body.split()
+    fields = body.upper().split()  # EventBridge, as Quartz, reads names in any case
     if len(fields) != 6:
         raise ValueError("cron(): six fields: minutes hours day-of-month month day-of-week year")
     minutes, hours, dom, month, dow, year = fields
-    if year not in ("*", "?"):
+    if year != "*":
         raise ValueError(f"cron(): the year must be '*' (a schedule here fires every year), not {year!r}")
-    if "?" not in (dom, dow):
-        raise ValueError("cron(): one of day-of-month and day-of-week must be '?'")
-    # Every day number moves down one; the count after '#' (``3#2``: the second Tuesday) is no day.
-    dow = re.sub(r"(?<![#\d])\d+", lambda m: str((int(m[0]) - 1) % 7), dow.replace("?", "*"))
-    spec = " ".join([minutes, hours, dom.replace("?", "*"), month, dow])
-    if not croniter.is_valid(spec):
+    if (dom == "?") == (dow == "?"):
+        raise ValueError("cron(): one of day-of-month and day-of-week must be '?', and only one")
+    spec = " ".join([
+        _MINUTES.croniter(minutes), _HOURS.croniter(hours), "*" if dom == "?" else _DAY_OF_MONTH.croniter(dom),
+        _MONTH.croniter(month), "*" if dow == "?" else _DAY_OF_WEEK.croniter(dow),
+    ])  # fmt: skip
+    if not croniter.is_valid(spec):  # a backstop: the grammar above should leave nothing it refuses
         raise ValueError(f"cron(): not a valid expression: {body!r}")
     return spec
+
+
+_NUMBER = re.compile(r"[0-9]{1,4}")  # ASCII digits only ('²' is a digit to str.isdigit)
+_MONTHS = {m: i for i, m in enumerate("JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split(), start=1)}
+_DAYS = {d: i for i, d in enumerate("SUN MON TUE WED THU FRI SAT".split(), start=1)}
+
+
+@dataclass(frozen=True)
+class _Field:
+    """One field of EventBridge's cron grammar (docs: EventBridge, "Cron expressions
+    reference"): a comma list of ``*``, a value, or a range ``a-b`` (low to high), each with an
+    optional step ``/n`` (1 to the field's top) where the field takes ``/``; day-of-month also
+    ``L`` (the last day) and ``nW`` (the weekday nearest the nth), day-of-week ``L`` (Saturday),
+    ``dL`` (the month's last such day) and ``d#n`` (its nth, n 1-5), each the field's only term.
+    ``shift``: what croniter's number is less than EventBridge's (day-of-week: 1, Sunday 1 there
+    and 0 in croniter)."""
+
+    name: str
+    low: int
+    high: int
+    names: dict[str, int] = field(default_factory=dict)
+    steps: bool = True
+    specials: str = ""  # of "LW#": the wildcards this field takes beyond ", - * /"
+    shift: int = 0
+
+    def croniter(self, text: str) -> str:
+        """``text``, checked, as croniter's field; a ValueError naming the field and the term."""
+        terms = text.split(",")
+        if self.specials and any("#" in t or t.endswith(("L", "W")) for t in terms):  # no day's name ends so
+            if len(terms) != 1:
+                self._refuse(text, "'L', 'W' and '#' stand alone in a field, not in a list")
+            return self._special(text)
+        return ",".join(self._term(t) for t in terms)
+
+    def _term(self, term: str) -> str:
+        base, slash, step = term.partition("/")
+        if slash and not self.steps:
+            self._refuse(term, "this field takes no '/'")
+        if slash and not (_NUMBER.fullmatch(step) and 1 <= int(step) <= self.high):
+            self._refuse(term, f"a step is 1-{self.high}")
+        low, dash, high = base.partition("-")
+        if base == "*":
+            out = "*"
+        elif dash:
+            first, last = self._value(term, low), self._value(term, high)
+            if first > last:
+                self._refuse(term, "a range runs from low to high")
+            out = f"{first - self.shift}-{last - self.shift}"
+        else:
+            out = str(self._value(term, base) - self.shift)
+        return f"{out}/{int(step)}" if slash else out
+
+    def _special(self, term: str) -> str:
+        if "L" in self.specials and term == "L":
+            return "L" if self.name == "day-of-month" else "6"  # the week's last day: Saturday
+        if "W" in self.specials and term.endswith("W"):
+            return f"{self._value(term, term[:-1])}W"
+        if "#" in self.specials and "#" in term:
+            day, _, nth = term.partition("#")
+            if not (_NUMBER.fullmatch(nth) and 1 <= int(nth) <= 5):
+                self._refuse(term, "the n of 'd#n' is 1-5 (the nth such day of the month)")
+            return f"{self._value(term, day) - self.shift}#{int(nth)}"
+        if "L" in self.specials and term.endswith("L") and self.name == "day-of-week":
+            return f"L{self._value(term, term[:-1]) - self.shift}"
+        return self._refuse(term, "not a term of this field")
+
+    def _value(self, term: str, text: str) -> int:
+        value = int(text) if _NUMBER.fullmatch(text) else self.names.get(text)
+        if value is None or not self.low <= value <= self.high:
+            named = sorted(self.names, key=self.names.__getitem__)
+            spelled = f" or {named[0]}-{named[-1]}" if named else ""
+            first = f" ({self.low} is {named[0]})" if named and self.shift else ""  # 1 is SUN, not MON
+            return self._refuse(term, f"a value is {self.low}-{self.high}{first}{spelled}")
+        return value
+
+    def _refuse(self, term: str, why: str) -> NoReturn:
+        raise ValueError(f"cron(): {self.name} {term!r}: {why}")
+
+
+_MINUTES = _Field("minutes", 0, 59)
+_HOURS = _Field("hours", 0, 23)
+_DAY_OF_MONTH = _Field("day-of-month", 1, 31, specials="LW")
+_MONTH = _Field("month", 1, 12, _MONTHS)
+_DAY_OF_WEEK = _Field("day-of-week", 1, 7, _DAYS, steps=False, specials="L#", shift=1)
 
 
 def fire_task_id(tenant: str, name: str, fire_time: float) -> str:
