@@ -229,6 +229,44 @@ def test_in_aws_a_scheduler_schedule_is_made_and_its_message_fires_the_task(
     assert store.schedules.list() == []
 
 
+class _FlakyQueues:
+    """Enough of TaskQueues for a fire on the in-memory twin: ``send`` fails while ``down``."""
+
+    workspace_pool = pool = None
+    fair = False
+
+    def __init__(self) -> None:
+        self.down, self.sent = True, list[str]()
+
+    def pool_for(self, submission: Any) -> None:
+        return None
+
+    def send(self, task_id: str, tier: str, kind: str = "run", delay_seconds: int = 0, **_: Any) -> str:
+        if self.down:
+            raise ConnectionError("SQS unreachable")
+        self.sent.append(task_id)
+        return "m"
+
+
+def test_a_fire_retried_after_its_enqueue_failed_makes_its_task() -> None:
+    """The enqueue fails, so ``submit_once`` deletes the task again. The retry (the worker's in
+    5 s, the next local tick in 1 s) creates the same id: under the same ClientRequestToken
+    with other parameters (its ``created_at``), DynamoDB (and the in-memory twin, which models
+    it; moto ignores tokens) refused it as IdempotentParameterMismatch for the token's ten
+    minutes, and 25 receives 5 s apart dead-lettered the fire: its slot was lost."""
+    from agentq.core.tools import ToolRegistry
+    from agentq.storage.container import memory_storage
+
+    store, tools, queues = memory_storage(), ToolRegistry(), _FlakyQueues()
+    due = create_schedule(store, tools, _spec(), tenant="acme").next_fire_at
+    with pytest.raises(ConnectionError):
+        fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due)  # type: ignore[arg-type]
+    queues.down = False
+    made = fire(store, tools, queues, tenant="acme", name="nightly", fire_time=due)  # type: ignore[arg-type]
+    assert made == fire_task_id("acme", "nightly", due) and queues.sent == [made]
+    assert store.tasks.get(made).status is TaskStatus.QUEUED
+
+
 def test_a_fire_whose_stored_submission_is_refused_is_counted_failed_dead_lettered_and_the_others_still_fire(
     moto_server: MotoServer, caplog: pytest.LogCaptureFixture
 ) -> None:

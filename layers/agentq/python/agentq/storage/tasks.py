@@ -127,8 +127,12 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         if blocked:
             actions, task = self.blocked_actions(actions, task)
         # botocore retries a timed-out transaction; the token makes a retry of one that did
-        # go through succeed instead of failing its own attribute_not_exists conditions.
-        self.table.transact(actions, token=request_token("create", task_id))
+        # go through succeed instead of failing its own attribute_not_exists conditions. One
+        # token per call, not per task: botocore's retries resend this call's request, while
+        # another call under the same id (a schedule's fire retried after its enqueue failed and
+        # the task was deleted again) writes another ``created_at``, which under the same token
+        # DynamoDB refuses for ten minutes (IdempotentParameterMismatch), and the fire was lost.
+        self.table.transact(actions, token=request_token("create", task_id, uuid.uuid4().hex))
         return task
 
     def blocked_actions(self, actions: list[Action], task: Task) -> tuple[list[Action], Task]:
