@@ -68,7 +68,8 @@ def build_sweeper(
     scope: Construct, function: FunctionFactory, cfg: EnvironmentSettings, data: Data
 ) -> lambda_.Function:
     """The sweeper on a schedule: it lists unfinished tasks from the sparse ``live`` index,
-    reads their META, re-enqueues the stranded ones and takes ended ones out of the index."""
+    reads their META, re-enqueues the stranded ones, moves on a blocked one past a dependency's
+    end no walk reported, and takes ended ones out of the index."""
     names, sc = cfg.names, cfg.sweeper
     sweeper = function(
         "sweeper",
@@ -127,6 +128,19 @@ def build_sweeper(
             # ChangeMessageVisibility: a dead worker's held messages are made visible again
             actions=["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:ChangeMessageVisibility"],
             resources=[q.queue_arn for q in data.queues.values()],
+        ),
+        # A blocked task whose dependency ended with no walk reported (queueing.endings.resolve,
+        # from the sweep): the task read (a Query of its partition), moved on (a transaction of
+        # its META, ReadTasks' UpdateItem, and its event, PutItem), its dependents listed (a Query
+        # of its partition); only task partitions. A task it cancels has its callback queued.
+        iam.PolicyStatement(
+            sid="ReleaseBlocked",
+            actions=["dynamodb:Query", "dynamodb:PutItem"],
+            resources=[table],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [task_pk("*")]}},
+        ),
+        iam.PolicyStatement(
+            sid="Callbacks", actions=["sqs:SendMessage", "sqs:GetQueueUrl"], resources=[data.webhooks.queue_arn]
         ),
         *liveness_statements(data),
     ):

@@ -1565,6 +1565,12 @@ def test_the_sweeper_runs_on_a_schedule_with_only_the_indexes_the_tasks_the_work
         "sqs:SendMessage", "sqs:GetQueueUrl", "sqs:ChangeMessageVisibility",
     }  # fmt: skip
     assert len(_as_list(statements["Enqueue"]["Resource"])) == len(TIERS)
+    # A blocked task past a dependency's end no walk reported is moved on (queueing.endings.resolve):
+    # a Query and the event's PutItem in task partitions only, and a cancelled one's callback.
+    assert set(_as_list(statements["ReleaseBlocked"]["Action"])) == {"dynamodb:Query", "dynamodb:PutItem"}
+    assert statements["ReleaseBlocked"]["Condition"] == statements["ReadTasks"]["Condition"]  # TASK#* only
+    [callbacks] = _as_list(statements["Callbacks"]["Resource"])
+    assert "WebhooksQueue" in json.dumps(callbacks), callbacks
 
 
 def test_callbacks_have_their_own_queue_dlq_deliverer_and_alarm(synth: Synthesized) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -175,6 +176,55 @@ def test_a_dependency_cascade_cut_short_is_finished_by_the_next_report_of_the_en
     statuses = Counter(store.tasks.get(t).status.value for t in [*chain[1:], left, right, bottom])
     assert statuses == {"cancelled": len(chain) + 2}, statuses
     assert (store.tasks.get(chain[7]).error or {})["dependency"] == chain[6]
+
+
+def test_a_cancel_whose_dependency_walk_was_cut_short_leaves_no_dependent_blocked_for_good(
+    moto_server: MotoServer,
+) -> None:
+    """Cancel a blocked task (no message: nothing reports its end again) whose walk fails part
+    way (a throttled Query, the API Lambda timing out on a long chain): the cancel answers 5xx,
+    a second cancel is a 409, and the rest of the chain waited ``blocked`` for good, as the
+    sweeper skipped blocked tasks. The sweep now looks at a blocked task quiet past
+    ``stale_after`` whose dependency ended as long ago, and moves it on as the walk would have:
+    cancelled down the chain here, queued (and sent) when its dependencies succeeded; one whose
+    dependencies still run is left to wait."""
+    from agentq.queueing.sweeper import sweep
+
+    settings = deployment(moto_server)
+    store, registry, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    head = submit(store, registry, _scripted("head"), tenant="t")  # queued, never run
+    a = submit(store, registry, _scripted("a", after=[head.task_id]), tenant="t").task_id
+    b = submit(store, registry, _scripted("b", after=[a]), tenant="t").task_id
+    c = submit(store, registry, _scripted("c", after=[b]), tenant="t").task_id
+    dependents = store.tasks.dependents
+
+    def throttled(task_id: str) -> list[str]:
+        if task_id == b:
+            raise ConnectionError("throttled")
+        return dependents(task_id)
+
+    store.tasks.dependents = throttled  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        cancel(store, a, tenant="t", queues=queues)
+    store.tasks.dependents = dependents  # type: ignore[method-assign]
+    assert store.tasks.get(b).status is TaskStatus.CANCELLED
+    assert store.tasks.get(c).status is TaskStatus.BLOCKED
+
+    done = submit(store, registry, _scripted("done"), tenant="t").task_id
+    after_done = submit(store, registry, _scripted("after done", after=[done]), tenant="t").task_id
+    assert Engine(store, worker_id="w", tools=registry).run(done).status is TaskStatus.SUCCEEDED  # no walk after it
+    waiting = submit(store, registry, _scripted("waiting", after=[head.task_id]), tenant="t").task_id
+
+    sweep(store, queues, stale_after=60)  # all of it just happened: too soon to tell a walk cut short
+    assert store.tasks.get(c).status is TaskStatus.BLOCKED
+    report = sweep(store, queues, stale_after=60, now=time.time() + 61)
+    ended = store.tasks.get(c)
+    assert ended.status is TaskStatus.CANCELLED and (ended.error or {}).get("dependency") == b
+    assert store.tasks.get(after_done).status is TaskStatus.QUEUED
+    assert store.tasks.get(waiting).status is TaskStatus.BLOCKED  # its dependency is still queued
+    assert sorted(report.released) == sorted([c, after_done])
+    assert report.swept == [head.task_id]  # queued with no message all along
+    assert queue_depth(queues, queues.url("normal")) == 2  # its swept message, and after_done's
 
 
 def _end(store: Any, queues: Any, task_id: str, status: TaskStatus) -> None:

@@ -51,11 +51,14 @@ never missed. Both may see it; the move out of ``blocked`` is a conditional writ
 is enqueued (or cancelled) once. Cycles cannot happen: a task can only depend on tasks that
 exist before it.
 
-A walk cut short (the ender killed, a read that failed) leaves dependents ``blocked`` that
-nothing else would look at: a blocked task has no message, and the sweeper skips it. So a walk
-goes on through a dependent already cancelled ``dependency_failed`` as through one it cancels
-itself: the next report of the end (its redelivered message, ``dispatch._ended``) finishes the
-cascade. Each task's dependents are listed once per walk (a diamond is walked once).
+A walk cut short (the ender killed, a read that failed) leaves dependents ``blocked``, and a
+blocked task has no message of its own. So a walk goes on through a dependent already cancelled
+``dependency_failed`` as through one it cancels itself, and two things finish the cascade: the
+next report of the end (its redelivered message, ``dispatch._ended``), for an ender that has a
+message; and, for one that has none (a cancel of a blocked or queued task, answered 5xx, whose
+second try is a 409), the sweeper, which moves on (``resolve``) a blocked task quiet for its
+``stale_after`` with a dependency ended as long ago (``queueing.sweeper``). Each task's
+dependents are listed once per walk (a diamond is walked once).
 """
 
 from __future__ import annotations

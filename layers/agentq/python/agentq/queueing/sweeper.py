@@ -45,6 +45,16 @@ the room a raised capacity made, and first marks waiting again every tenant with
 (idempotent), since the fleet's wakes find waiting tenants only by those marks and a crash can
 lose one, leaving that tenant's waiters with nothing ever to wake them.
 
+A ``blocked`` task has no message either: it moves when a dependency's ender (or its
+submitter) walks to it (``queueing.endings``), and a walk cut short (a cancel whose Query was
+throttled, an ender killed part way) left the rest of a chain blocked for good, since a blocked
+task's ending was never reported again (it has no message to redeliver). So a blocked task
+quiet for ``stale_after`` with a dependency that ended (or is gone) as long ago is moved on as
+the walk would have moved it (``endings.resolve``: queued and sent when every dependency
+succeeded, cancelled ``dependency_failed`` down the chain when one did not); one whose
+dependencies all still run is left to wait, read again each sweep (two BatchGetItems a hundred
+blocked tasks). Each one moved is counted with the swept (``released``).
+
 A task a worker process holds under its liveness (``storage.workers``) has a long lease and an
 invisible message; the live workers hand on a dead peer's tasks within seconds
 (``queueing.recovery``). When none is left to notice (the whole fleet died), each sweep first
@@ -61,6 +71,7 @@ from dataclasses import dataclass, field
 from agentq import observe
 from agentq.core.models import Task
 from agentq.core.status import LOOK_DUE, SILENT_UNTIL, SWEPT_AT, TaskStatus
+from agentq.queueing.endings import resolve
 from agentq.queueing.queues import MessageKind, TaskQueues
 from agentq.queueing.recovery import recover_lapsed
 from agentq.queueing.task_reads import read_tasks
@@ -76,6 +87,7 @@ log = logging.getLogger("agentq.sweeper")
 DEFAULT_STALE_AFTER_SECONDS = 900 + 60
 BATCH = 100  # BatchGetItem's limit
 STRANDABLE = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
+ENDED = frozenset(s.value for s in TaskStatus if s.terminal)
 
 
 @dataclass
@@ -87,6 +99,7 @@ class SweepReport:
     unlisted: int = 0  # ended tasks still in the index, taken out
     parked: int = 0  # silent but waiting for a slot: left alone
     woken: list[str] = field(default_factory=list)  # waiters sent because their tenant has room
+    released: list[str] = field(default_factory=list)  # blocked past a dependency's end: moved on
 
 
 def sweep(
@@ -111,11 +124,16 @@ def sweep(
     stranded: dict[str, float | None] = {}  # task -> when a sweep last re-enqueued it, as listed
     lost_looks: dict[str, float] = {}  # task -> the overdue look's due, as listed
     waiting_tenants: set[str] = set()  # tenants with a queued task holding no slot (may be parked)
+    blocked: list[str] = []  # blocked and quiet for stale_after: its dependencies are looked at
     for start in range(0, len(ids), BATCH):
         for meta in store.tasks.metas(ids[start : start + BATCH]):
             status, due = str(meta.get("status")), meta.get(LOOK_DUE)
             if status == TaskStatus.WAITING.value and due is not None and now - float(due) >= stale_after:
                 lost_looks[str(meta["task_id"])] = float(due)
+                continue
+            if status == TaskStatus.BLOCKED.value:
+                if now - float(meta.get("updated_at") or 0) >= stale_after:
+                    blocked.append(str(meta["task_id"]))
                 continue
             if status not in STRANDABLE:
                 if TaskStatus(status).terminal:
@@ -175,8 +193,43 @@ def sweep(
         report.looked.append(task.task_id)
         log.warning("task %s waiting on %s: its look was due over %.0fs ago and never came; sent one",
                     task.task_id, on, stale_after)  # fmt: skip
-    observe.record_swept(len(report.swept) + len(report.looked))
+    report.released = _release_blocked(store, queues, blocked, now=now, stale_after=stale_after)
+    observe.record_swept(len(report.swept) + len(report.looked) + len(report.released))
     return report
+
+
+def _release_blocked(
+    store: Storage, queues: TaskQueues, task_ids: list[str], *, now: float, stale_after: float
+) -> list[str]:
+    """Move on each blocked task of ``task_ids`` that has a dependency ended (or gone) at least
+    ``stale_after`` ago: its walk had that long, and was cut short. Through ``resolve``, the one
+    place a blocked task moves (and its ending, ``task_ended``, goes on down the chain). A
+    dependency that ended just now is left to its ender's walk, which is under way. One task
+    whose move fails is logged and left for the next sweep; the others are moved."""
+    tasks = [t for t in _readable(store, task_ids) if t.status is TaskStatus.BLOCKED]
+    wanted = sorted({d for t in tasks for d in t.submission.depends_on})
+    ended: dict[str, float] = dict.fromkeys(wanted, 0.0)  # dependency -> when it ended; gone: long ago
+    for start in range(0, len(wanted), BATCH):
+        for meta in store.tasks.metas(wanted[start : start + BATCH]):
+            if meta.get("status") in ENDED:
+                ended[str(meta["task_id"])] = float(meta.get("finished_at") or meta.get("updated_at") or 0)
+            else:
+                del ended[str(meta["task_id"])]  # still to run or running: its own end walks on
+    released = []
+    for task in tasks:
+        over = [d for d in task.submission.depends_on if d in ended and now - ended[d] >= stale_after]
+        if not over:
+            continue
+        try:
+            moved = resolve(store, queues, task.task_id)
+        except Exception:
+            log.warning("task %s: could not move it on past its ended dependencies", task.task_id, exc_info=True)
+            continue
+        if moved is not None:
+            released.append(task.task_id)
+            log.warning("task %s was blocked %.0fs past the end of dependency %s, which no walk reported: %s",
+                        task.task_id, stale_after, over[0], moved.value)  # fmt: skip
+    return released
 
 
 def _is_parked(slots: RunningSlots, task: Task, parked: dict[str, set[str]]) -> bool:
