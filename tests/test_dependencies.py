@@ -5,6 +5,7 @@ while the dependent is being submitted is never missed; bad references change no
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from agentq.control.operations import cancel
-from agentq.control.submit import submit
+from agentq.control.submit import submit, submit_once
 from agentq.core.engine import Engine
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus
@@ -225,6 +226,67 @@ def test_a_cancel_whose_dependency_walk_was_cut_short_leaves_no_dependent_blocke
     assert sorted(report.released) == sorted([c, after_done])
     assert report.swept == [head.task_id]  # queued with no message all along
     assert queue_depth(queues, queues.url("normal")) == 2  # its swept message, and after_done's
+
+
+def test_a_dependent_whose_enqueue_fails_leaves_nothing_behind(moto_server: MotoServer) -> None:
+    """A task without dependencies whose enqueue fails is deleted again, so the caller's retry
+    makes one task. One whose dependencies already succeeded is queued by the submitter's look
+    (``endings.resolve``), whose send raised out of ``submit_once``: the caller got an error, and
+    the task stayed, to be run by the sweeper beside the retry's; with an Idempotency-Key, the
+    retry returned it and sent nothing. Now it goes as the plain one does: an error means
+    nothing was made, so any retry is safe, with a key or without."""
+    settings = deployment(moto_server)
+    store, registry, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    done = submit(store, registry, _scripted("done"), tenant="t")
+    Engine(store, worker_id="w", tools=registry).run(done.task_id)
+    assert store.tasks.get(done.task_id).status is TaskStatus.SUCCEEDED
+    before = set(store.tasks.live_task_ids())
+    unreachable = build_queues(dataclasses.replace(settings, endpoint_url="http://127.0.0.1:9"))
+    body = _scripted("after", after=[done.task_id])
+    for key in (None, "retry-me"):
+        with pytest.raises(Exception, match="Could not connect"):
+            submit_once(store, registry, body, tenant="t", queues=unreachable, idempotency_key=key)
+    left = [store.tasks.get(t) for t in set(store.tasks.live_task_ids()) - before]
+    assert [t.task_id for t in left if not t.status.terminal] == []
+    assert store.tasks.dependents(done.task_id) == []  # its edge went with it
+
+    retried = submit_once(store, registry, body, tenant="t", queues=queues, idempotency_key="retry-me")
+    assert retried.created and retried.task.status is TaskStatus.QUEUED
+    assert store.tasks.dependents(done.task_id) == [retried.task.task_id]
+    assert queue_depth(queues, queues.url("normal")) == 1
+
+
+def test_a_dependents_retry_with_its_idempotency_key_sends_the_message_its_first_request_never_sent(
+    moto_server: MotoServer,
+) -> None:
+    """The first request queued the dependent (its dependency had succeeded) and died before
+    the send (here: it had no queues to send to). The retry with its key finds it queued and
+    never claimed, and sends its message, as a plain task's retry does (a duplicate is dropped
+    by the dispatcher); it used to return the task and send nothing, leaving it to the sweeper."""
+    settings = deployment(moto_server)
+    store, registry, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    done = submit(store, registry, _scripted("done"), tenant="t")
+    Engine(store, worker_id="w", tools=registry).run(done.task_id)
+    body = _scripted("after", after=[done.task_id])
+    first = submit_once(store, registry, body, tenant="t", queues=None, idempotency_key="k")
+    assert first.created and first.task.status is TaskStatus.QUEUED
+    assert queue_depth(queues, queues.url("normal")) == 0
+    again = submit_once(store, registry, body, tenant="t", queues=queues, idempotency_key="k")
+    assert not again.created and again.task.task_id == first.task.task_id
+    assert queue_depth(queues, queues.url("normal")) == 1
+
+
+def test_a_dependency_walk_passes_over_a_dependent_deleted_since_it_was_listed() -> None:
+    """A dependent whose submission is undone (its enqueue failed) goes with its edge, but a walk
+    that listed the edge just before reads a task that is gone: it used to raise TaskNotFound
+    and leave the dependency's other dependents blocked."""
+    store, registry = memory_storage(), ToolRegistry()
+    dep = submit(store, registry, _scripted("dep"), tenant="t").task_id
+    gone, kept = (submit(store, registry, _scripted(s, after=[dep]), tenant="t").task_id for s in "gk")
+    store.tasks.delete_unstarted(gone)  # its edge left, as a walk that listed it before sees it
+    store.tasks.transition(dep, TaskStatus.FAILED)
+    release_dependents(store, None, dep)
+    assert store.tasks.get(kept).status is TaskStatus.CANCELLED
 
 
 def _end(store: Any, queues: Any, task_id: str, status: TaskStatus) -> None:

@@ -36,7 +36,8 @@ def submit(store: Storage, tools: ToolRegistry, raw: Any, *, tenant: str, queues
     """Validate fully, create the task (META with its budget, and the submission: one transaction), then enqueue it.
 
     If the enqueue fails the task is deleted again, so a caller who sees an error never
-    leaves a queued task that no message will ever run.
+    leaves a queued task that no message will ever run; a dependent too, whose enqueue is its
+    look at dependencies that already succeeded (``_undo_dependent``).
     """
     return submit_once(store, tools, raw, tenant=tenant, queues=queues).task
 
@@ -172,11 +173,18 @@ def submit_once(
         )
     if created:
         observe.task_status_changed(task.task_id, tenant, task.status.value)
+    moved: TaskStatus | None = None
     if blocked:  # no message until its dependencies allow: they may have ended already
         from agentq.queueing.endings import resolve
 
-        resolve(store, queues, task.task_id)
-        return Submitted(store.tasks.get(task.task_id), created)
+        try:
+            moved = resolve(store, queues, task.task_id)
+        except Exception:
+            if not created or _undo_dependent(store, task, tenant=tenant, idempotency_key=idempotency_key):
+                raise
+        task = store.tasks.get(task.task_id)
+        if created:
+            return Submitted(task, created)
     if queues is None:
         return Submitted(task, created)
     if created:
@@ -220,7 +228,29 @@ def submit_once(
                 log.warning("task %s: its enqueue raised, but a worker took it: the message was sent", task.task_id)
                 return Submitted(store.tasks.get(task.task_id), created)
             raise
-    elif task.status is TaskStatus.QUEUED and task.lease_epoch == 0:
+    elif task.status is TaskStatus.QUEUED and task.lease_epoch == 0 and moved is not TaskStatus.QUEUED:
         # the first request may have died before its enqueue: a duplicate message is harmless
+        # (a dependent this request's look just queued was sent by the look)
         queues.send(task.task_id, submission.priority, tenant=tenant, pool=queues.pool_for(submission))
     return Submitted(task, created)
+
+
+def _undo_dependent(store: Storage, task: Task, *, tenant: str, idempotency_key: str | None) -> bool:
+    """A dependent's look at its dependencies raised (its send, when they had all succeeded and
+    it was queued; or a read): undo its submission as a plain task's whose enqueue failed is
+    undone, with its edges and its idempotency key's record, so the caller's error means
+    nothing was made and any retry (with the key or without) makes it once. True when undone;
+    False when it stands, answered as it is: a worker took it (the send that raised reached SQS,
+    or a dependency's ender queued and sent it meanwhile), or it ended (cancelled for a failed
+    dependency, an ending whose callback may be out). Returning it then is right: it is made,
+    and will run or has ended."""
+    try:
+        store.tasks.delete_unstarted(
+            task.task_id,
+            idempotency=(tenant, idempotency_key) if idempotency_key else None,
+            depends_on=task.submission.depends_on,
+        )
+    except TransactionCancelled:
+        log.warning("task %s: its dependencies' look raised, but it moved on meanwhile: it stands", task.task_id)
+        return False
+    return True

@@ -67,7 +67,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from agentq.core.errors import IllegalTransition
+from agentq.core.errors import IllegalTransition, TaskNotFound
 from agentq.core.fanout import FanoutLauncher
 from agentq.core.models import Task, TaskStatus
 from agentq.core.quality import GradeTally, unanswered_tally
@@ -154,7 +154,9 @@ def release_dependents(store: Storage, queues: TaskQueues | None, task_id: str) 
             continue
         listed.add(ended)
         for dependent in store.tasks.dependents(ended):
-            with contextlib.suppress(IllegalTransition):
+            # TaskNotFound: a dependent whose submission was undone (its enqueue failed) since
+            # this walk listed its edge (both go in one transaction): nothing waits there.
+            with contextlib.suppress(IllegalTransition, TaskNotFound):
                 resolve(store, queues, dependent, walk=pending)
 
 

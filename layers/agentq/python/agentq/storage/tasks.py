@@ -45,6 +45,7 @@ from agentq.storage.table import (
     absent,
     chunks,
     plain,
+    status_in,
     transact_through_conflicts,
 )
 from agentq.storage.task_items import DAY_SECONDS as DAY_SECONDS  # re-exported: callers import the retention from here
@@ -238,24 +239,33 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         idempotency: tuple[str, str] | None = None,
         also: Sequence[Action] = (),
         only_if: ConditionBase | None = None,
+        depends_on: Sequence[str] = (),
     ) -> None:
         """Undo a create whose enqueue failed: only while nobody has claimed the task.
 
         ``idempotency`` (tenant, key) also removes the task's ``IDEMP#`` record, so a retry
         with the same key creates the task anew instead of finding a deleted one. ``also``:
         writes that stand or fall with the deletion (the running slots it gives back), valid
-        only while META also meets ``only_if`` (those slots still held as read). Raises
-        TransactionCancelled when either condition fails; a TransactionConflict (the slot items
-        are hot) is tried again, not raised at once: raised, the submission would answer an
-        error with the task left half undone.
+        only while META also meets ``only_if`` (those slots still held as read). ``depends_on``:
+        a dependent's (created blocked): its edges in each dependency's partition go with it,
+        and only while it is still blocked or queued (one cancelled for a failed dependency has
+        ended, and its callback may be out: it stands). Raises TransactionCancelled when a
+        condition fails; a TransactionConflict (the slot items are hot) is tried again, not
+        raised at once: raised, the submission would answer an error with the task left half undone.
         """
-        condition = Attr("lease_epoch").eq(0)
+        condition: ConditionBase = Attr("lease_epoch").eq(0)
+        if depends_on:
+            condition = condition & status_in([TaskStatus.BLOCKED, TaskStatus.QUEUED])
         actions: list[Action] = [
             Delete("meta", keys.meta_key(task_id), condition if only_if is None else condition & only_if),
             Delete("submission", keys.submission_key(task_id)),
         ]
         if idempotency is not None:
             actions.append(Delete("idempotency", {"pk": keys.idempotency_pk(*idempotency), "sk": keys.META}))
+        actions += [
+            Delete(f"edge{i}", {"pk": keys.task_pk(dep), "sk": f"{keys.DEPENDENT}{task_id}"})
+            for i, dep in enumerate(depends_on)
+        ]
         transact_through_conflicts(self.table, [*actions, *also])
 
     # ------------------------------------------------------------------ fork
