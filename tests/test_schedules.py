@@ -622,3 +622,38 @@ def test_in_aws_a_delete_the_scheduler_fails_leaves_the_schedule_listed_for_a_de
     delete_schedule(store, tenant="acme", name="nightly")
     assert store.schedules.list() == []
     assert scheduler.list_schedules(GroupName=f"{settings.prefix}-schedules")["Schedules"] == []
+
+
+def test_a_schedule_stored_before_its_expression_was_refused_is_listed_counted_failed_at_each_fire_and_deletable(
+    moto_server: MotoServer,
+) -> None:
+    """The expression check grew stricter (EventBridge's grammar): a schedule stored before it
+    with an expression it now refuses (day-of-week 0, which croniter read as Sunday) made every
+    read of the schedules raise, for every tenant: the local ticker and GET /schedules failed.
+    Now it is read back as stored, each fire of it is counted failed naming what is wrong (no
+    task, the others still fire), the local ticker tries it again a day on, and it can be
+    deleted."""
+    from agentq.core.schedules import STORED, ScheduleSpec
+
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    due = create_schedule(store, tools, _spec("nightly"), tenant="acme").next_fire_at
+    old = ScheduleSpec.model_validate(_spec("old", expression="cron(0 9 ? * 0 *)"), context={STORED: True})
+    store.schedules.put("acme", old, due)
+    with pytest.raises(ValueError, match="day-of-week"):
+        ScheduleSpec.model_validate(_spec("old", expression="cron(0 9 ? * 0 *)"))  # refused where made
+
+    assert [s.spec.name for s in store.schedules.list()] == ["nightly", "old"]
+    assert fire_due(store, tools, queues, now=due + 1) == [fire_task_id("acme", "nightly", due)]
+    kept = store.schedules.get("acme", "old")
+    assert (kept.fired, kept.failed) == (0, 1) and kept.last_error is not None
+    assert kept.last_error.startswith("expression: ") and "day-of-week '0'" in kept.last_error
+    assert kept.next_fire_at >= due + 1 + 86_400 - 1  # tried again a day on, not every tick
+    assert fire_due(store, tools, queues, now=due + 2) == []
+    assert store.schedules.get("acme", "old").failed == 1
+
+    assert fire(store, tools, queues, tenant="acme", name="old", fire_time=due) is None  # the Scheduler's message
+    assert store.schedules.get("acme", "old").failed == 2
+    assert store.tasks.get_many([fire_task_id("acme", "old", due)]) == []
+    delete_schedule(store, tenant="acme", name="old")
+    assert [s.spec.name for s in store.schedules.list()] == ["nightly"]

@@ -170,8 +170,13 @@ def fire(
     schedule = _get(store, tenant, name)
     if schedule is None:
         return None
-    fire_time = _coalesced(schedule, fire_time, time.time() if now is None else now)
-    if (following := next_fire(schedule.spec.expression, fire_time)) > schedule.next_fire_at:
+    try:
+        fire_time = _coalesced(schedule, fire_time, time.time() if now is None else now)
+        following = next_fire(schedule.spec.expression, fire_time)
+    except ValueError as exc:
+        _unreadable(store, schedule, exc)
+        return None
+    if following > schedule.next_fire_at:
         store.schedules.move_on(tenant, name, following)  # in AWS no ticker moves it
     task_id = fire_task_id(tenant, name, fire_time)
     for _ in range(CLAIM_TRIES):
@@ -211,6 +216,18 @@ def fire(
     store.schedules.record_fire(tenant, name, fire_time, task_id=task_id if schedule.spec.overlap == "allow" else None)
     log.info("schedule %s/%s fired: task %s", tenant, name, submitted.task.task_id)
     return submitted.task.task_id
+
+
+UNREADABLE_RETRY_SECONDS = 86_400.0  # the local ticker counts such a schedule failed once a day
+
+
+def _unreadable(store: Storage, schedule: Schedule, exc: ValueError) -> None:
+    """A fire of a schedule stored before its expression's check grew stricter (the check now
+    refuses it: ``core.schedules.STORED``): counted failed, naming what is wrong, so its
+    listing tells its owner to replace it; no task, and the other schedules still fire."""
+    error = f"expression: {exc}; replace the schedule with an expression EventBridge takes"
+    store.schedules.record_failure(schedule.tenant, schedule.spec.name, error)
+    log.warning("schedule %s/%s cannot fire: %s", schedule.tenant, schedule.spec.name, error)
 
 
 def _coalesced(schedule: Schedule, fire_time: float, now: float) -> float:
@@ -285,8 +302,13 @@ def fire_due(store: Storage, tools: ToolRegistry, queues: TaskQueues | None, *, 
             _fire_pending(store, tools, queues, schedule, schedule.pending_fire, fired, now)
         if schedule.next_fire_at > now:
             continue
-        due = max(schedule.next_fire_at, last_fire(schedule.spec.expression, now))
-        following = next_fire(schedule.spec.expression, due)
+        try:
+            due = max(schedule.next_fire_at, last_fire(schedule.spec.expression, now))
+            following = next_fire(schedule.spec.expression, due)
+        except ValueError as exc:
+            _unreadable(store, schedule, exc)
+            store.schedules.move_on(schedule.tenant, schedule.spec.name, now + UNREADABLE_RETRY_SECONDS)
+            continue
         if not store.schedules.advance(schedule, following, firing=due):
             continue  # another loop fired it (or fires the one still pending)
         _fire_pending(store, tools, queues, schedule, due, fired, now)

@@ -23,7 +23,7 @@ from decimal import Decimal
 from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq.core.errors import TaskNotFound
-from agentq.core.schedules import ScheduleSpec
+from agentq.core.schedules import STORED, ScheduleSpec
 from agentq.storage.table import ConditionFailed, Table, Update, plain
 
 PARTITION = "SCHEDULES"
@@ -196,7 +196,7 @@ def _as_read(name: str, value: object) -> ConditionBase:
 def _schedule(item: dict[str, object]) -> Schedule:
     return Schedule(
         tenant=str(item["tenant"]),
-        spec=ScheduleSpec.model_validate(json.loads(str(item["spec"]))),
+        spec=ScheduleSpec.model_validate(json.loads(str(item["spec"])), context={STORED: True}),
         created_at=float(item["created_at"]),  # type: ignore[arg-type]
         next_fire_at=float(item["next_fire_at"]),  # type: ignore[arg-type]
         last_task_id=str(item["last_task_id"]) if item.get("last_task_id") else None,
