@@ -13,7 +13,7 @@ adapters pass a deadline and read the ``RunResult``.
 
 The package, by module: ``_loop`` (``Engine``: claim, the loop, how a run ends), one module per
 kind of turn (``_llm_turn``, ``_tool_turn``, ``_tool_call``, ``_approvals``, ``_spawn``, ``_grade``) over the
-protocol they share (``_operation``), budget holds (``_holds``), the request (``_request``), the
+protocol they share (``_operation``), budget holds (``_holds``; ``_spent``, a hold counted as spent), the request (``_request``), the
 step commit (``_commit``), why a call must not start (``_stops``), ending a task without a step
 (``_finish``), the session and its lease (``_session``), the task's workspace (``_workspace``);
 public: ``conversation`` (pure helpers ``control`` uses too), ``config``, ``result``. The LLM turn
@@ -24,11 +24,12 @@ batches (``_llm_batch``), and the answer's commit (``_llm_answer``: the step wit
 or an orphan).
 """
 
-from agentq.core.engine._holds import HoldsInFlight, count_as_spent
+from agentq.core.engine._holds import HoldsInFlight
 from agentq.core.engine._llm_batch import batch_poll_seconds, count_batch_hold_as_spent
 from agentq.core.engine._loop import Engine
 from agentq.core.engine._request import cache_ttl
 from agentq.core.engine._session import KeeperFactory, LeaseKeeper, LeaseState, Session
+from agentq.core.engine._spent import count_as_spent
 from agentq.core.engine.config import EngineConfig
 from agentq.core.engine.conversation import (
     conversation,

@@ -16,12 +16,11 @@ import dataclasses
 import logging
 import math
 import time
-from dataclasses import dataclass
 
-from agentq import observe
 from agentq.core.engine._input_count import InputCount
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session, Shortfall
+from agentq.core.engine._spent import LapsedHolds, count_as_spent, forgetting
 from agentq.core.engine.config import EngineConfig
 from agentq.core.errors import BudgetExceeded
 from agentq.core.models import Task
@@ -68,17 +67,6 @@ class UnknownUsage(HoldsInFlight):
             f"{wait:.0f}s",
         )
         self.unknown, self.unknown_micros = unknown, unknown_micros
-
-
-@dataclass(frozen=True)
-class LapsedHolds:
-    """What settling a task's lapsed holds left: the holds still live (by epoch), the seconds
-    left until each of them can no longer be charged, and how many were counted as spent now
-    (moved from held to ``unknown``: ``reserve`` weighs them again)."""
-
-    kept: dict[int, Reservation]
-    live: list[float]
-    spent: int = 0
 
 
 def call_micros(price: ModelPrice | None, est_in: int, amount: int) -> int:
@@ -469,24 +457,3 @@ class BudgetHolds:
             self.release_unsent(s)
         elif not (keep_batch and batch is not None and int(batch["step"]) == s.next_step):
             self.spend(s)
-
-
-def count_as_spent(
-    budgets: BudgetLedger, task: Task, held: Reservation, *, ticket: bool = True, forget_batch: bool = False
-) -> bool:
-    """Count ``task``'s hold ``held`` as spent, its outcome unknown but for what its call was
-    seen to bill; the unknown part is told to the metrics and the tenant's bill once (only the
-    write that moved the ticket tells it; True then). The engine's way (``BudgetHolds``) and a
-    cancel's (``control.operations``), which no engine runs."""
-    counted = budgets.spend_lapsed(
-        task.task_id, task.budget_id, held, parent_id=task.parent_id, ticket=ticket, **forgetting(forget_batch)
-    )
-    if counted:
-        observe.record_unknown_usage(task.tenant, task.task_id, held.amount - held.seen, held.micros - held.seen_micros)
-    return counted
-
-
-def forgetting(forget_batch: bool) -> dict[str, bool]:
-    """``forget_batch`` for a ledger write, named only when asked for (the engine's
-    characterisation goldens record each write's arguments, unchanged for every other call)."""
-    return {"forget_batch": True} if forget_batch else {}

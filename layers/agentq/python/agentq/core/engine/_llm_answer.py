@@ -13,10 +13,10 @@ from typing import Any
 from agentq.core.context import resumed_goal
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._history import task_tools
-from agentq.core.engine._holds import forgetting
 from agentq.core.engine._llm_call import Call, call_cost, settling, task_models
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
+from agentq.core.engine._spent import forgetting
 from agentq.core.engine.conversation import assistant_turn, final_text
 from agentq.core.engine.result import RunResult
 from agentq.core.errors import ConversationMoved, LeaseLost
