@@ -69,6 +69,7 @@ class TaskLeases(Protocol):
         result: str | None = None,
         error: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
+        delivered: int | None = None,
     ) -> str: ...  # the status it moved from
 
     def get(self, task_id: str) -> Task: ...

@@ -19,7 +19,7 @@ from typing import Any
 from boto3.dynamodb.conditions import Attr
 
 from agentq import observe
-from agentq.core.errors import IllegalTransition, LeaseLost, TaskNotFound
+from agentq.core.errors import ConversationMoved, IllegalTransition, LeaseLost, TaskNotFound
 from agentq.core.models import (
     ALLOWED_TRANSITIONS,
     REOPENED_BY_MESSAGE,
@@ -35,6 +35,7 @@ from agentq.resources import LIVE_ATTRIBUTES, TTL_ATTRIBUTE
 from agentq.storage import keys
 from agentq.storage.events import TOGETHER, LoggedWrite, NewEvent, logged_together, logged_transact
 from agentq.storage.leases import why_fenced
+from agentq.storage.messages import nothing_waits
 from agentq.storage.table import (
     STOPPING,
     Check,
@@ -77,6 +78,7 @@ class TaskTransitions(TaskItems):
         reopen: bool = False,
         expect: dict[str, str] | None = None,
         read: dict[str, Any] | None = None,
+        delivered: int | None = None,
     ) -> str:
         """Move a task to ``to``; DynamoDB refuses it unless the current status may lead there.
         Returns the status it moved from (a stop reports the tasks it found running).
@@ -89,10 +91,15 @@ class TaskTransitions(TaskItems):
         dead-lettered for); refused (``IllegalTransition``) otherwise. ``read``: META as the
         caller read it (``read_many``), written from instead of a read of its own
         (``events.logged_transact``); the status returned is still the one the write replaced.
+        ``delivered``: the move ends the turn of a conversation that holds that many of its
+        messages (a fork ending on its copied answer, ``core.engine._loop``): refused while a
+        later one waits, as a step commit that ends the task is (``steps._heeds_messages``,
+        ARCHITECTURE 11), with ``ConversationMoved`` naming how many came in, so the engine
+        delivers it instead of ending over it.
         """
         now = time.time()
         allowed, patch, event = self._move(task_id, to, now, lease=lease, result=result, error=error, extra=extra,
-                                           reopen=reopen, expect=expect)  # fmt: skip
+                                           reopen=reopen, expect=expect, delivered=delivered)  # fmt: skip
         leaves_terminal = any(src.terminal for src in allowed)
         try:
             meta = logged_transact(
@@ -110,6 +117,10 @@ class TaskTransitions(TaskItems):
                 stopping = why_fenced(self.table, lease)
                 if "stopping" in stopping.details:  # a stop's mark
                     raise stopping from exc
+                if delivered is not None and current.messages_received != delivered:
+                    raise ConversationMoved(
+                        f"task {task_id}: a message came in", received=current.messages_received, interrupt_at=None
+                    ) from exc
             if leaves_terminal and current.status.terminal and (current.expires_at or float("inf")) <= now:
                 raise IllegalTransition(
                     f"task {task_id} is {current.status.value} and its retention ran out; it is being deleted",
@@ -179,6 +190,7 @@ class TaskTransitions(TaskItems):
         extra: dict[str, Any] | None = None,
         reopen: bool = False,
         expect: dict[str, str] | None = None,
+        delivered: int | None = None,
     ) -> tuple[list[TaskStatus], Patch, dict[str, Any]]:
         """The statuses a move to ``to`` may start from, its conditional write of META, and the
         data of the ``task.status`` event it logs (``transition``)."""
@@ -226,6 +238,8 @@ class TaskTransitions(TaskItems):
             condition = condition & Attr("lease_epoch").eq(lease.epoch) & Attr(STOPPING).not_exists()
         for name, value in (expect or {}).items():
             condition = condition & Attr(name).eq(value)
+        if delivered is not None:
+            condition = condition & nothing_waits(delivered)
         event = {"status": to.value, **({"error": error.get("code")} if error else {})}
         update = Update(set=sets, remove=removes)
         if reopen:

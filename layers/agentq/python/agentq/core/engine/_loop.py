@@ -10,6 +10,7 @@ loop only decides which turn comes next from the last committed step, and how a 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -40,7 +41,7 @@ from agentq.core.engine._workspace import Workspaces
 from agentq.core.engine.config import EngineConfig
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.engine.result import RunResult, lease_lost
-from agentq.core.errors import DETERMINISTIC_FAULTS, LeaseLost, TaskNotFound, fault_error
+from agentq.core.errors import DETERMINISTIC_FAULTS, ConversationMoved, LeaseLost, TaskNotFound, fault_error
 from agentq.core.fanout import SPAWN_TOOL, FanoutLauncher
 from agentq.core.faults import crash_point
 from agentq.core.models import Lease, LLMStep, Task, TaskStatus, TaskSubmission
@@ -291,9 +292,12 @@ class Engine:
             if isinstance(last, LLMStep) and not (
                 s.task.submission.output_schema is not None and not s.task.status.terminal
             ):  # already finished: committed with its terminal status
-                if not s.task.status.terminal:  # a fork's copied answer, which no commit of its own ended
-                    return self._end_on_copied_answer(s, last)
-                return RunResult(s.task_id, "finished", status=s.task.status)
+                if s.task.status.terminal:
+                    return RunResult(s.task_id, "finished", status=s.task.status)
+                ended = self._end_on_copied_answer(s, last)  # a fork's copied answer, which no commit of its own ended
+                if ended is not None:
+                    return ended
+                continue  # a message came in since the claim: delivered, and answered
             stop = stop_reason(s, self.config.slice_margin_seconds)
             if stop == "slice":
                 # The next call will not start under this lease: its hold goes back now, known
@@ -313,14 +317,20 @@ class Engine:
             if ended is not None:
                 return ended
 
-    def _end_on_copied_answer(self, s: Session, last: LLMStep) -> RunResult:
+    def _end_on_copied_answer(self, s: Session, last: LLMStep) -> RunResult | None:
         """A fork at the model's answer (``control.operations.fork``) starts where its source's run
         ended, but the commit that ended it was the source's: the fork ends now, as that commit
         ended its source: ``succeeded`` with that answer (a message sent to it goes on from there,
         as one sent to its source would), or ``failed`` when the answer was cut off at the output
         limit (``output_truncated``: its dependents and callback must not take a cut answer for a
         result), refused or cut off at the context window (``_llm_answer.stopped_early``). Read as
-        already ended, the fork stayed ``running`` for good, its lease held."""
+        already ended, the fork stayed ``running`` for good, its lease held.
+
+        Either move ends the turn, so it is refused while a message waits (ARCHITECTURE 11, as a
+        commit that ends the task is: ``storage.steps._heeds_messages``): one accepted after the
+        claim read the inbox (while the fork's workspace was restored) was taken by the running
+        fork, and ending over it left it never answered. None then: the loop delivers it, and the
+        model answers it, as after a turn that ended the task for a message that came in."""
         self._holds.release(s)
         error = stopped_early(last)
         if last.stop_reason == "max_tokens":
@@ -329,13 +339,18 @@ class Engine:
                 "message": "the answer this fork starts from was cut off at the output limit: fork at the step "
                 "before it with a higher constraints.max_output_tokens to have it answered again",
             }
-        if error is not None:
-            self.store.tasks.transition(s.task_id, TaskStatus.FAILED, lease=s.lease, error=error)
-            s.task = s.task.model_copy(update={"status": TaskStatus.FAILED})
-            return RunResult(s.task_id, "finished", status=TaskStatus.FAILED)
-        self.store.tasks.transition(s.task_id, TaskStatus.SUCCEEDED, lease=s.lease, result=final_text(s.messages))
-        s.task = s.task.model_copy(update={"status": TaskStatus.SUCCEEDED})
-        return RunResult(s.task_id, "finished", status=TaskStatus.SUCCEEDED)
+        to = TaskStatus.FAILED if error is not None else TaskStatus.SUCCEEDED
+        result = final_text(s.messages) if error is None else None
+        try:
+            self.store.tasks.transition(
+                s.task_id, to, lease=s.lease, result=result, error=error, delivered=s.inbox.delivered
+            )
+        except ConversationMoved as moved:
+            s.inbox = dataclasses.replace(s.inbox, received=moved.received)
+            log.info("task %s: a message came in before its copied answer ended it: answering it", s.task_id)
+            return None
+        s.task = s.task.model_copy(update={"status": to})
+        return RunResult(s.task_id, "finished", status=to)
 
     def _goal(self, task: Task) -> str:
         """The task's goal, followed by the results of the tasks it depends on (immutable once
