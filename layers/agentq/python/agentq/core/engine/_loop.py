@@ -231,7 +231,10 @@ class Engine:
             (result.status.terminal and result.outcome == "finished") or result.status is TaskStatus.IDLE
         ):
             self._invocation_ended(session.task, result)
-        if result.status is not None and result.status.terminal:
+        if result.status is not None and (result.status.terminal or result.outcome == "waiting"):
+            # Ended, or parked until a message of its own (idle, paused, waiting): no claim
+            # comes for these holds at their deadline, so the dispatcher's ``release_holds``
+            # message does. An idle conversation may never be claimed again.
             live = [h.until for h in session.task.lapsed_holds.values() if h.until]
             result.lapsed_until = max(live, default=None)
         return result

@@ -30,7 +30,8 @@ class RunResult:
     resumed_from_step: int = 0
     error: dict[str, Any] | None = None
     claimed: Task | None = None  # the task as this run claimed it (latency figures)
-    # Ended while an older epoch's call may still be charged: its hold goes back after this.
+    # Ended, or parked (idle, paused, waiting), while an older epoch's call may still be
+    # charged: its hold is counted as spent after this (the dispatcher's ``release_holds``).
     lapsed_until: float | None = None
     approval_due: float | None = None  # paused on an approval that takes its default at this time
     batch_poll: float | None = None  # waiting on a batch (economy): look at it again in this many seconds

@@ -38,7 +38,7 @@ def answer_ended(ctx: Context, task: Task, tier: str, attributes: dict[str, Any]
     # slot and ended (cancelled) before this message: pass the wake on.
     ctx.end(task, task.status, give_back=lambda: _release_or_pass_on(ctx, task))
     if task.lapsed_holds:
-        _release_lapsed(ctx, task, tier)
+        release_lapsed(ctx, task, tier)
     return Action("delete", f"task already {task.status.value}", task_id=task.task_id)
 
 
@@ -76,9 +76,10 @@ def _requeue_redriven(ctx: Context, task: Task, attributes: dict[str, Any] | Non
     return True
 
 
-def _release_lapsed(ctx: Context, task: Task, tier: str) -> None:
-    """An ended task still holding an older epoch's hold: count it as spent once its call can no
-    longer complete, coming back for it with a delayed message until then."""
+def release_lapsed(ctx: Context, task: Task, tier: str) -> None:
+    """A task no run will claim for them (ended, or parked: ``_run``) still holding an older
+    epoch's hold: count it as spent once its call can no longer complete, coming back for it
+    with a delayed message until then."""
     wait = ctx.engine.spend_lapsed_holds(task)
     if wait > 0:
         ctx.send_later(task.task_id, tier, "release_holds", wait, tenant=task.tenant)

@@ -24,7 +24,7 @@ def after_run(
         ctx.send_later(task_id, tier, "remote_poll", run.remote_poll, tenant=tenant)
     if run.approval_due is not None:
         ctx.send_later(task_id, tier, "approval_due", run.approval_due - time.time(), tenant=tenant)
-    if run.lapsed_until is not None:  # ended with a lost lease's call maybe still in flight
+    if run.lapsed_until is not None:  # ended or parked with a lost lease's call maybe still in flight
         ctx.send_later(task_id, tier, "release_holds", run.lapsed_until - time.time(), tenant=tenant)
     if run.outcome in ("finished", "stopped", "waiting"):
         return Action("delete", f"task {run.status.value if run.status else 'ended'}", task_id=task_id, run=run)
