@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from agentq.control.operations import cancel
+from agentq.core.models import TaskStatus
 from agentq.core.records import BudgetDelta
 from agentq.storage.container import Storage
 
@@ -91,7 +92,7 @@ def test_a_dead_workers_hold_set_aside_at_the_cancel_is_counted_as_spent_when_it
     the hold's deadline has passed, it is counted as spent; before, it is left counted. The
     engine's clock is moved past the deadline, not waited for: a deadline a moment away was
     passed already on a loaded machine before the first look."""
-    from agentq.core.engine import Engine, EngineConfig, _holds
+    from agentq.core.engine import Engine, EngineConfig, _spent
 
     task_id, _ = _held(store, until=time.time() + 60)
     cancel(store, task_id, queues=_Queues())  # type: ignore[arg-type]
@@ -101,7 +102,7 @@ def test_a_dead_workers_hold_set_aside_at_the_cancel_is_counted_as_spent_when_it
     [hold] = store.tasks.get(task_id).lapsed_holds.values()
     later = time.time() + early + 1
     assert hold.lapsed_by(later)
-    monkeypatch.setattr(_holds, "time", SimpleNamespace(time=lambda: later))
+    monkeypatch.setattr(_spent, "time", SimpleNamespace(time=lambda: later))
     assert engine.spend_lapsed_holds(store.tasks.get(task_id)) == 0
     budget = store.budgets.get(task_id)
     assert (budget.reserved, budget.used, budget.unknown) == (0, HOLD, HOLD)
@@ -133,3 +134,42 @@ def test_a_hold_taken_between_the_cancels_read_and_its_move_is_kept_counted(
     assert store.budgets.get(task.task_id).reserved == HOLD  # counted while its call may complete
     [sent] = queues.sent
     assert sent["kind"] == "release_holds" and 100 <= sent["delay_seconds"] <= 121
+
+
+def _idle_with_a_dead_workers_hold(store: Storage, until: float) -> tuple[str, int]:
+    """An idle conversation whose dead worker's hold (``HOLD``, up to ``until``) the claim that
+    took over set aside (``lapsed_<epoch>``) before an interrupt left it ``idle``."""
+    task = store.tasks.create(scripted([{"text": "x"}], max_tokens=10_000), tenant="t")
+    dead = store.tasks.claim(task.task_id, "w1", -1)  # its lease lapsed at once: the worker died
+    assert dead is not None
+    store.budgets.reserve(dead[0], task.task_id, HOLD, 1, until=until, micros=1_000)
+    successor = store.tasks.claim(task.task_id, "w2", 30)
+    assert successor is not None
+    lease, claimed = successor
+    assert claimed.inflight is not None and claimed.inflight.epoch == dead[0].epoch
+    store.budgets.set_aside(lease, claimed.inflight)
+    assert store.messages.go_idle(lease, delivered=0) is None
+    idle = store.tasks.get(task.task_id)
+    assert idle.status is TaskStatus.IDLE and set(idle.lapsed_holds) == {dead[0].epoch}
+    return task.task_id, dead[0].epoch
+
+
+def test_an_idle_conversations_dead_hold_past_its_deadline_is_counted_as_spent_by_the_cancel(store: Storage) -> None:
+    """No claim follows an idle task, nor its cancel: the hold a successor set aside stayed in
+    ``reserved`` for good, the cancel reading only the current one."""
+    task_id, _ = _idle_with_a_dead_workers_hold(store, until=time.time() - 1)
+    queues = _Queues()
+    assert cancel(store, task_id, queues=queues) == [task_id]  # type: ignore[arg-type]
+    budget = store.budgets.get(task_id)
+    assert (budget.reserved, budget.used, budget.unknown) == (0, HOLD, HOLD)
+    assert store.tasks.get(task_id).lapsed_holds == {} and queues.sent == []
+
+
+def test_an_idle_conversations_live_dead_hold_is_released_at_its_deadline_after_the_cancel(store: Storage) -> None:
+    task_id, epoch = _idle_with_a_dead_workers_hold(store, until=time.time() + 120)
+    queues = _Queues()
+    cancel(store, task_id, queues=queues)  # type: ignore[arg-type]
+    assert set(store.tasks.get(task_id).lapsed_holds) == {epoch}
+    assert store.budgets.get(task_id).reserved == HOLD  # still counted while its call may complete
+    [sent] = queues.sent
+    assert sent["kind"] == "release_holds" and 100 <= sent["delay_seconds"] <= 121  # its deadline

@@ -15,7 +15,7 @@ from typing import Any
 from agentq.control.validation import check_submission, parse_submission
 from agentq.core.call_keys import OWN_KEYS
 from agentq.core.endusers import NotTheApprover
-from agentq.core.engine import count_as_spent, count_batch_hold_as_spent
+from agentq.core.engine import count_as_spent, count_batch_hold_as_spent, spend_lapsed
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus, asks_for_calls
@@ -120,7 +120,7 @@ def cancel(
         if node.task_id in cancelled and node.status is TaskStatus.QUEUED:
             _give_back_slots(slots or store.slots, queues, node)
     for node in tree:  # a fenced task was read after its mark, when no hold could be taken any more
-        held = node.inflight is not None or node.batch is not None
+        held = node.inflight is not None or node.batch is not None or bool(node.lapsed_holds)
         if node.task_id in cancelled and (held or node.task_id not in fenced):
             _keep_hold_counted(store, queues, node)
     for node in reversed(tree[1:]):  # leaves first: a child's spend reaches its parent, then the root
@@ -148,19 +148,36 @@ def _keep_hold_counted(store: Storage, queues: TaskQueues | None, task: Task) ->
     hold's ticket, so one settled meanwhile changes nothing. (A stop's fenced task holding
     nothing and waiting on no batch at its read is not read again: the read came after its
     mark, which fences holds too, and costs a stop no read.) A batch it waits on keeps its
-    windows' hold counted too (``_keep_batch_hold_counted``)."""
+    windows' hold counted too (``_keep_batch_hold_counted``). The holds older epochs left set
+    aside (``lapsed_<epoch>``: a dead worker's call, on a task taken over since) go the same
+    way (``_spend_lapsed_holds``)."""
     task = store.tasks.get(task.task_id)
     _keep_batch_hold_counted(store, task)
+    until = _spend_lapsed_holds(store, task)
     task_id, held = task.task_id, task.inflight
-    if held is None:
-        return
-    held = held.with_seen(task.seen)
-    if held.lapsed_by(time.time()):
-        count_as_spent(store.budgets, task, held)
-        return
-    if store.budgets.set_aside_at_end(task_id, held) and queues is not None and held.until is not None:
-        wait = delay_seconds(held.until - time.time())
+    if held is not None:
+        held = held.with_seen(task.seen)
+        if held.lapsed_by(time.time()):
+            count_as_spent(store.budgets, task, held)
+        elif store.budgets.set_aside_at_end(task_id, held) and held.until is not None:
+            until = max(until or 0.0, held.until)
+    if until is not None and queues is not None:
+        wait = delay_seconds(until - time.time())
         queues.send(task_id, task.submission.priority, kind="release_holds", delay_seconds=wait, tenant=task.tenant)
+
+
+def _spend_lapsed_holds(store: Storage, task: Task) -> float | None:
+    """The cancelled task's holds set aside by older epochs' successors: those whose calls can
+    no longer complete counted as spent now, and the deadline of the last one still live (None:
+    none is), for the ``release_holds`` message that counts the rest then. A task cancelled
+    ``idle`` holds them with no run to come: an interrupt left it so after a claim took over
+    from a dead worker, and a cancel left them in ``reserved`` for good
+    (``tests/test_cancel_holds.py``, ``tests/test_idle_holds.py``)."""
+    if not task.lapsed_holds:
+        return None
+    now = time.time()
+    live = spend_lapsed(store.budgets, task).live
+    return now + max(live) if live else None
 
 
 def _keep_batch_hold_counted(store: Storage, task: Task) -> None:

@@ -29,7 +29,7 @@ from agentq.core.engine._llm_batch import batch_poll_seconds, count_batch_hold_a
 from agentq.core.engine._loop import Engine
 from agentq.core.engine._request import cache_ttl
 from agentq.core.engine._session import KeeperFactory, LeaseKeeper, LeaseState, Session
-from agentq.core.engine._spent import count_as_spent
+from agentq.core.engine._spent import count_as_spent, spend_lapsed
 from agentq.core.engine.config import EngineConfig
 from agentq.core.engine.conversation import (
     conversation,
@@ -58,5 +58,6 @@ __all__ = [
     "estimate_input_tokens",
     "final_text",
     "offered_tools",
+    "spend_lapsed",
     "task_tools",
 ]

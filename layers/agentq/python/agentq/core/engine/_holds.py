@@ -20,7 +20,7 @@ import time
 from agentq.core.engine._input_count import InputCount
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session, Shortfall
-from agentq.core.engine._spent import LapsedHolds, count_as_spent, forgetting
+from agentq.core.engine._spent import LapsedHolds, count_as_spent, forgetting, spend_lapsed
 from agentq.core.engine.config import EngineConfig
 from agentq.core.errors import BudgetExceeded
 from agentq.core.models import Task
@@ -94,16 +94,7 @@ class BudgetHolds:
     def spend_lapsed(self, task: Task) -> LapsedHolds:
         """Count as spent the holds older epochs left on ``task`` whose calls can no longer
         complete: whether they were answered is unknown here (see the module)."""
-        now = time.time()
-        live, kept, spent = [], {}, 0
-        for epoch, held in task.lapsed_holds.items():
-            if held.lapsed_by(now):
-                self._spend(task, held.with_seen(task.seen))
-                spent += 1
-            else:
-                kept[epoch] = held
-                live.append(held.until - now if held.until is not None else 0.0)
-        return LapsedHolds(kept, live, spent)
+        return spend_lapsed(self.budgets, task)
 
     def take_over(self, s: Session) -> None:
         """At claim: the holds left by older epochs. Those whose calls are over are counted as

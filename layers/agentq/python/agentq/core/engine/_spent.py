@@ -8,6 +8,7 @@ functions, so a hold is counted one way whoever counts it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from agentq import observe
@@ -25,6 +26,24 @@ class LapsedHolds:
     kept: dict[int, Reservation]
     live: list[float]
     spent: int = 0
+
+
+def spend_lapsed(budgets: BudgetLedger, task: Task) -> LapsedHolds:
+    """Count as spent the holds older epochs left on ``task`` (``lapsed_<epoch>``) whose calls
+    can no longer complete, each once (``count_as_spent``); the rest are kept, with the seconds
+    left until each can no longer be charged. The engine's way (a claim, a reservation, the
+    dispatcher's ``release_holds`` for a task no run will claim for them) and a cancel's, which
+    no engine runs."""
+    now = time.time()
+    live, kept, spent = [], {}, 0
+    for epoch, held in task.lapsed_holds.items():
+        if held.lapsed_by(now):
+            count_as_spent(budgets, task, held.with_seen(task.seen))
+            spent += 1
+        else:
+            kept[epoch] = held
+            live.append(held.until - now if held.until is not None else 0.0)
+    return LapsedHolds(kept, live, spent)
 
 
 def count_as_spent(
