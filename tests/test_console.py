@@ -1357,3 +1357,19 @@ def test_the_usage_page_shows_usage_by_end_user_and_the_caps_with_their_windows(
     assert page.locator("tr[data-cap='agent/theirs'], tr[data-user$='-b']").count() == 0
     shot(console, tab, "usage")
     no_errors(tab)
+
+
+def test_the_page_offers_an_interrupt_only_to_a_task_the_api_lets_it_interrupt(console: Console, tab: Page) -> None:
+    """POST /tasks/{id}/interrupt takes a running or queued task only (storage.messages.interrupt:
+    a paused or waiting one is 409). The conversation's Interrupt button must not be offered where
+    every click of it is refused."""
+    task_id = console.paused("wait for a person", "Go on?", "went on")
+    status, body = console.http("POST", f"/tasks/{task_id}/interrupt")
+    assert status == 409, body  # the API's word on a paused task
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    # The box and the button are drawn in one render (chat.drawChat): once the box is there, a
+    # button that would be offered is too. A running task's is (the interrupt test above).
+    page.wait_for_selector("#send-message", timeout=90_000)
+    assert page.locator("#interrupt").count() == 0  # each click of it answered 409
+    no_errors(tab)

@@ -6,7 +6,9 @@
 import { post } from "./api.js";
 import { TERMINAL, h, replace } from "./dom.js";
 
-const BUSY = new Set(["running", "queued", "waiting", "paused"]);
+// The statuses POST /tasks/{id}/interrupt takes (storage.messages.interrupt): a waiting or paused
+// task is 409, so the button is offered only here (it was offered on those too, each click refused).
+const INTERRUPTIBLE = new Set(["running", "queued"]);
 const CLOSED_TO_MESSAGES = new Set(["failed", "cancelled", "timed_out", "failed_outcome"]);
 
 // What the conversation (and the steps table) says of a follow-up, an interrupt and the stop it
@@ -56,7 +58,7 @@ export function drawChat(el, v, events, env) {
       return out;
     }));
     const row = h("div", { class: "row" }, box, send);
-    if (BUSY.has(v.status)) {
+    if (INTERRUPTIBLE.has(v.status)) {
       const stop = h("button", { type: "button", class: "danger", id: "interrupt" }, "Interrupt");
       stop.addEventListener("click", () => env.act(stop, () => "Interrupt recorded: the agent stops at its earliest safe point.",
         () => post(`${env.path}/interrupt`)));
