@@ -190,12 +190,16 @@ def _latest_cursor(client: Any, task_id: str) -> str | None:
 
 def _follow(client: Any, task_id: str, cursor: str | None, answering: int | None = None) -> tuple[str | None, Any]:
     """The agent's output as it comes (its live text, then each answer), until it stops: answered,
-    idle after an interrupt, or ended. Ctrl-C interrupts it, and the chat follows it to its stop.
+    idle after an interrupt, or ended. Ctrl-C interrupts it, and the chat follows it to its stop;
+    a task the API will not interrupt (409: only a running or queued one is) is followed on, the
+    person told why, and a second Ctrl-C leaves, as after an interrupt.
 
     ``answering``: the seq of the message just sent. An answer or an idle stop counts only once
     the agent has read it: a stream or a status read just after the send may still say the
     previous answer's ``succeeded`` (the reopening is not yet in the view they came from), and a
     chat that took that for the answer prompted again with nothing printed."""
+    from agentq.api.client import Conflict
+
     interrupted = False
     while True:
         try:
@@ -215,7 +219,11 @@ def _follow(client: Any, task_id: str, cursor: str | None, answering: int | None
             if interrupted:
                 raise
             interrupted = True
-            client.interrupt(task_id)
+            try:
+                client.interrupt(task_id)
+            except Conflict as refused:  # paused for an approval, waiting on its children: the chat follows on
+                print(f"\n(cannot interrupt: {refused.message}; Ctrl-C again leaves the chat)", file=sys.stderr)
+                continue
             print("\n(interrupting: the agent stops at its earliest safe point)", file=sys.stderr)
     view = client.get(task_id)
     if view.status.value == "idle":
