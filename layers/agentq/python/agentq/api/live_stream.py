@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agentq.api.event_hub import EventHub, TaskPoller
+    from agentq.api.event_hub import EventHub
+    from agentq.api.task_poller import TaskPoller
 
 LIVE_SECONDS = 840.0  # one live stream's longest life: under the streaming integration's 15 minutes in AWS
 
