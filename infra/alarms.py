@@ -221,7 +221,8 @@ def dependency_alarms(
         ),
         5,
         "the task event stream function (GET /tasks/{id}/events) failed or was throttled five times or more in "
-        "five minutes: watchers fall back to polling; read its logs (a stream ending at 15 minutes is not an error)",
+        "five minutes: watchers fall back to polling; read its logs (a stream ends itself at 14 minutes, before the "
+        "function's timeout, and the client resumes: a timeout is a fault)",
     )
     alarm(
         "Api5xx",

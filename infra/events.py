@@ -18,6 +18,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from agentq.api.event_hub import AUTHORIZE_ENV
 from infra.access import payload_objects, table_resources, workspace_objects
 from infra.data import Data
 from infra.functions import FunctionFactory
@@ -53,7 +54,8 @@ def build_events_function(
         "events",
         memory=512,
         timeout=STREAM_TIMEOUT_SECONDS,
-        env={**common, **ADAPTER_ENV},
+        # A stream reads its caller's key again this often (agentq.api.event_hub.authorize_seconds).
+        env={**common, **ADAPTER_ENV, AUTHORIZE_ENV: str(function.cfg.api.authorizer_cache_seconds)},
         reserved=function.cfg.live.sse_reserved_concurrency,  # watchers never draw on the executors' pool
         description="agentq task event streams (GET /tasks/{id}/events) behind the Lambda Web Adapter",
         extra_layers=[adapter_layer(scope, architecture(function.cfg))],

@@ -35,6 +35,7 @@ from aws_cdk import aws_elasticloadbalancingv2 as elbv2
 from aws_cdk import aws_iam as iam
 from constructs import Construct, IConstruct
 
+from agentq.api.event_hub import AUTHORIZE_ENV
 from agentq.api.oidc import OIDC_ENV
 from agentq.resources import PAYLOAD_PREFIX
 from infra.alarms import AlarmFactory
@@ -186,6 +187,8 @@ def _task_definition(
         # The caps are per server: the deployment's figure split between them (api/stream_caps.py).
         "AGENTQ_HUB_STREAMS_PER_TENANT": str(math.ceil(live.streams_per_tenant / live.hub_tasks)),
         "AGENTQ_HUB_STREAMS_PER_USER": str(math.ceil(live.streams_per_user / live.hub_tasks)),
+        # An open stream is authorised again this often: a revoked key stops as it does at the API.
+        AUTHORIZE_ENV: str(cfg.api.authorizer_cache_seconds),
     }
     if cfg.oidc is not None:  # end users' tokens, verified as the API's authorizer verifies them
         environment[OIDC_ENV] = cfg.oidc.model_dump_json(exclude_none=True)

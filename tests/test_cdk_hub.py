@@ -86,6 +86,7 @@ def test_the_hub_runs_on_capacity_of_its_own_and_the_api_names_it(hub_synth: Syn
     assert container["Command"] == ["python", "-m", "agentq.hub"] and container["ReadonlyRootFilesystem"]
     env = {e["Name"]: e["Value"] for e in container["Environment"]}
     assert env["AGENTQ_HUB_STREAMS_PER_TENANT"] == str(cfg.live.streams_per_tenant)  # one server holds them all
+    assert env["AGENTQ_AUTHORIZER_CACHE_SECONDS"] == str(cfg.api.authorizer_cache_seconds)  # streams authorised again
     listeners = hub_synth.resources("AWS::ElasticLoadBalancingV2::Listener")
     assert [lst["Properties"]["Protocol"] for lst in listeners.values()] == ["HTTPS"]
 

@@ -788,6 +788,8 @@ def test_event_streams_are_their_own_function_behind_the_web_adapter_and_api_gat
     env = props["Environment"]["Variables"]
     assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/bootstrap" and env["AWS_LWA_INVOKE_MODE"] == "response_stream"
     assert env["AWS_LWA_READINESS_CHECK_PATH"] == "/health" and "AGENTQ_TABLE" in env
+    # an open stream reads its key again as often as API Gateway's cached decision lives
+    assert env["AGENTQ_AUTHORIZER_CACHE_SECONDS"] == str(settings_of(synth.env_name).api.authorizer_cache_seconds)
     adapter = (
         "LambdaAdapterLayerArm64" if settings_of(synth.env_name).architecture == "arm64" else "LambdaAdapterLayerX86"
     )

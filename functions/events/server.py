@@ -8,8 +8,10 @@ adapter turns each invocation into an HTTP request to this server and streams it
 The server is the one ``agentq dev`` runs (``agentq.api.http_server``, with an ``EventHub``):
 the same checks before any event, the same frames. The tenant is the authorizer's, which the
 adapter forwards in the request context header (``context_tenant``); a request without one is
-refused. One stream ends at the integration's timeout (15 minutes); the client resumes with
-``Last-Event-ID``. Why this and not a WebSocket API or the Fargate service: docs/ARCHITECTURE.md,
+refused. One stream ends itself after ``LIVE_SECONDS`` (14 minutes), before the function's and
+the integration's 15-minute timeout (a timeout is a Lambda error, and cuts a frame), and as soon
+as its caller's key is revoked (read again every ``api.authorizer_cache_seconds``); the client
+resumes with ``Last-Event-ID``. Why this and not a WebSocket API or the Fargate service: docs/ARCHITECTURE.md,
 invariant 10.
 """
 
@@ -18,8 +20,9 @@ from __future__ import annotations
 import os
 
 from agentq.api.app import build_app
-from agentq.api.event_hub import EventHub
+from agentq.api.event_hub import EventHub, authorize_seconds
 from agentq.api.http_server import ApiServer, context_tenant
+from agentq.api.live_stream import LIVE_SECONDS
 from agentq.runtime import Settings, build_fanout, build_mcp, build_queues, build_registry, build_store
 
 
@@ -36,7 +39,8 @@ def main() -> None:
         mcp=build_mcp(),
     )
     port = int(os.environ.get("AWS_LWA_PORT", "8080"))
-    server = ApiServer(app.resolve, port=port, authorizer=context_tenant, hub=EventHub(store))
+    hub = EventHub(store, max_seconds=LIVE_SECONDS, authorize_every=authorize_seconds())
+    server = ApiServer(app.resolve, port=port, authorizer=context_tenant, hub=hub)
     server.start().thread.join()
 
 

@@ -14,7 +14,9 @@ before any event, the same frames, ids and cursors: ``api/http_server.py`` with 
 authorised in-process by the API's own authorizer function (API keys and OIDC tokens:
 ``api.auth.header_authorizer``), and ``/health`` for the load balancer. Its pollers read a task
 when the table's stream says it was written (``api/stream_feed.py``), not every 300 ms. A
-tenant and a token's user may hold only so many streams open (``api/stream_caps.py``). It writes
+tenant and a token's user may hold only so many streams open (``api/stream_caps.py``); an open
+stream is authorised again every ``api.authorizer_cache_seconds`` (ended when its key is revoked
+or its token expired) and lives an hour at most (``EventHub``), and its client resumes. It writes
 nothing: its role reads the table and its stream.
 """
 
@@ -25,7 +27,7 @@ import os
 
 from agentq.api.app import build_app
 from agentq.api.auth import header_authorizer
-from agentq.api.event_hub import EventHub
+from agentq.api.event_hub import EventHub, authorize_seconds
 from agentq.api.http_server import ApiServer
 from agentq.api.oidc import OidcSettings, OidcVerifier
 from agentq.api.stream_caps import StreamCaps
@@ -66,7 +68,7 @@ def build_hub(
         authorizer = header_authorizer(store.api_keys, OidcVerifier(oidc) if oidc else None)
     app = build_app(store, build_registry(settings), build_queues(settings), build_fanout(settings),
                     default_tenant=None, defaults=settings.defaults, mcp=build_mcp())  # fmt: skip
-    hub = EventHub(store, idle_interval=idle_read, caps=caps or caps_from_env())
+    hub = EventHub(store, idle_interval=idle_read, caps=caps or caps_from_env(), authorize_every=authorize_seconds())
     stream = TableStream(client(settings, "dynamodbstreams", pool=4), client(settings, "dynamodb", pool=4),
                          settings.table)  # fmt: skip
     feed = StreamFeed(hub, stream, interval=interval)

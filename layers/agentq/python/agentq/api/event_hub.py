@@ -15,9 +15,10 @@ once every watched task has ended and all its events were sent (``event: end``).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from agentq.api.events import READ_PAGE, SETTLE, Watch, Watched
@@ -32,6 +33,20 @@ from agentq.storage.events import Head, LogEvent
 
 RETRY = "retry: 1000\n"  # sent with the first event: a reconnect after a second
 END = "event: end\ndata: {}\n\n"  # every watched task has ended: a client stops here (no reconnect)
+# A stream's longest life, after which it ends without ``END`` and its client resumes from its
+# last id (authorised again on the way in): the events function's is ``LIVE_SECONDS`` (840 s,
+# under its 900 s timeout), the hub's this.
+STREAM_SECONDS = 3600.0
+AUTHORIZE_SECONDS = 60.0  # how often an open stream's caller is authorised again: API Gateway's cache of a key
+AUTHORIZE_ENV = "AGENTQ_AUTHORIZER_CACHE_SECONDS"  # the deployment's api.authorizer_cache_seconds (infra/)
+
+
+def authorize_seconds(environ: Mapping[str, str] | None = None) -> float:
+    """How often a server's open streams are authorised again: the deployment's authorizer cache
+    (``AGENTQ_AUTHORIZER_CACHE_SECONDS``, set by the stack), so a revoked key stops reaching a
+    stream no later than it stops reaching the API (docs/DEPLOY.md)."""
+    env = os.environ if environ is None else environ
+    return float(env.get(AUTHORIZE_ENV) or AUTHORIZE_SECONDS)
 
 
 def frames(events: list[dict[str, Any]]) -> str:
@@ -60,10 +75,16 @@ class EventHub:
         settle: float = SETTLE,
         idle_interval: float | None = None,
         caps: StreamCaps | None = None,
+        max_seconds: float | None = STREAM_SECONDS,
+        authorize_every: float = AUTHORIZE_SECONDS,
     ) -> None:
         """``idle_interval``: the pollers are fed (``api/stream_feed.py`` calls ``nudge``) and
         read on their own only that often; None: each reads every ``interval``. ``caps``: the
-        streams a tenant (and a user) may hold open here (``api/stream_caps.py``)."""
+        streams a tenant (and a user) may hold open here (``api/stream_caps.py``).
+        ``max_seconds``: a stream's longest life (None: the task's); ``authorize_every``: how
+        often a stream asks its server whether its caller may still watch (``stream``)."""
+        self.max_seconds = max_seconds
+        self.authorize_every = max(authorize_every, 1.0)
         self.store = store
         self.settle = settle
         self.idle_interval = idle_interval
@@ -133,6 +154,12 @@ class EventHub:
         task = owned(self.store, task_id, caller)
         return Watch.open(self.store, task, cursor, tree=tree, field=field, settle=self.settle)
 
+    def key_live(self, key_id: str) -> bool:
+        """Whether API key ``key_id`` is still there and not revoked (one GetItem): how a stream
+        behind API Gateway, which authorised it as it opened, is authorised again."""
+        key = self.store.api_keys.get(key_id)
+        return key is not None and not key.revoked
+
     def finished(self, watch: Watch) -> bool:
         """Whether a stream of ``watch`` would send nothing: every task has ended and no event
         follows its cursor (answered 204, which tells an EventSource not to reconnect)."""
@@ -144,15 +171,30 @@ class EventHub:
                 return False
         return True
 
-    def stream(self, watch: Watch) -> Iterator[str]:
-        """The frames of ``watch``'s stream until every task has ended (see the module)."""
+    def stream(self, watch: Watch, *, allowed: Callable[[], bool] | None = None) -> Iterator[str]:
+        """The frames of ``watch``'s stream until every task has ended (see the module), or
+        until it has lived ``max_seconds``, or ``allowed`` (asked every ``authorize_every``
+        seconds) says its caller may no longer watch: those two end it quietly, without
+        ``END``, so a client resumes from its last id and is authorised again, or refused (401).
+        Why: a stream was authorised once, when it opened, and lived as long as its task (days
+        on the hub): a key revoked, or a token expired, went on receiving every event; on the
+        events function a stream outliving the Lambda's 900 s timeout was killed mid-frame, a
+        timeout Lambda counts as an error (the ``EventStreamFailures`` alarm)."""
         wake = threading.Event()
         attached: dict[str, TaskPoller] = {}
         eager: dict[str, bool] = {}  # of a tree's tasks: whether this watch holds events by its poller's reads
         retry = RETRY  # with the first event
         try:
-            quiet_since = time.monotonic()
+            quiet_since = checked = opened = time.monotonic()
+            ends = opened + self.max_seconds if self.max_seconds is not None else None
             while True:
+                now = time.monotonic()
+                if ends is not None and now >= ends:
+                    return
+                if allowed is not None and now - checked >= self.authorize_every:
+                    if not allowed():
+                        return
+                    checked = now
                 for task_id in list(watch.tasks):
                     if task_id not in attached:
                         attached[task_id] = self.attach(task_id, wake, eager=watch.tree)
@@ -188,8 +230,14 @@ class EventHub:
                     yield ": keep-alive\n\n"
                     quiet_since = time.monotonic()
                     continue
+                if allowed is not None:
+                    wait = min(wait, checked + self.authorize_every - time.monotonic())
+                if ends is not None:
+                    wait = min(wait, ends - time.monotonic())
                 held = any(w.pending for w in watch.tasks.values())  # until the other tasks are read past them
-                wake.wait(timeout=min(wait, self.interval) if held else wait)  # a poller sets it on any change
+                wake.wait(
+                    timeout=max(0.0, min(wait, self.interval) if held else wait)
+                )  # a poller sets it on any change
                 wake.clear()
         finally:
             for task_id, poller in attached.items():

@@ -288,14 +288,36 @@ class ApiServer:
                 if hub.finished(watch):
                     self._reply(204, {}, b"")
                     return
+                allowed = self._allowed(hub, headers, caller.key_id)
                 try:
                     with hub.caps.hold(caller) if hub.caps is not None else nullcontext():
-                        self._send_stream(hub, watch)
+                        self._send_stream(hub, watch, allowed)
                 except TooManyStreams as exc:
                     self._reply(429, {"Content-Type": "application/json", "Retry-After": "5"},
                                 json.dumps(error_body(exc.code, exc.message)).encode())  # fmt: skip
 
-            def _send_stream(self, hub: EventHub, watch: Any) -> None:
+            def _allowed(self, hub: EventHub, headers: dict[str, str], key_id: str | None) -> Callable[[], bool] | None:
+                """How an open stream's caller is authorised again (``EventHub.stream``): the
+                authorizer run again on the request's ``Authorization`` (a revoked key, an
+                expired token: refused); behind API Gateway (``context_tenant``: the gateway
+                authorised the request), the caller's key read again, a token's expiry left to
+                the stream's life (840 s there). None without an authorizer (the one local user)."""
+                authorizer = outer.authorizer
+                if authorizer is None:
+                    return None
+                if authorizer is context_tenant:
+                    return (lambda: hub.key_live(key_id)) if key_id else None
+
+                def allowed() -> bool:
+                    try:
+                        _caller(authorizer, self.path, headers)
+                    except Exception:  # refused, or the check failed: the client comes back through the door
+                        return False
+                    return True
+
+                return allowed
+
+            def _send_stream(self, hub: EventHub, watch: Any, allowed: Callable[[], bool] | None) -> None:
                 self.send_response(200)
                 for name, value in {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                     "Connection": "close", **(_CORS if outer.hub_only else {})}.items():  # fmt: skip
@@ -307,7 +329,7 @@ class ApiServer:
                 # periods is taken for the client gone, and the slot frees as the stream ends.
                 self.connection.settimeout(2 * hub.keepalive)
                 try:
-                    for chunk in hub.stream(watch):
+                    for chunk in hub.stream(watch, allowed=allowed):
                         data = chunk.encode()
                         for start in range(0, len(data), _SEND_PIECE):
                             self.wfile.write(data[start : start + _SEND_PIECE])
