@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from agentq.api.events import READ_PAGE, SETTLE, Watch, Watched
+from agentq.api.events import CATCH_UP_BYTES, READ_PAGE, SETTLE, Watch, Watched
 from agentq.api.stream_caps import StreamCaps
 from agentq.api.task_poller import BUFFER_BYTES as BUFFER_BYTES  # the cap a poller holds, named here too
 from agentq.api.task_poller import Snapshot, TaskPoller
@@ -217,8 +217,9 @@ class EventHub:
                 else:
                     out, behind = self._next(watch, watch.tasks[watch.root], attached[watch.root], wake)
                 if out:
-                    yield retry + "".join(out)
-                    retry = ""
+                    chunk, out = retry + "".join(out), []  # held once while it is written, not twice
+                    yield chunk
+                    retry = chunk = ""
                     quiet_since = time.monotonic()
                 if watch.done:
                     yield END
@@ -300,7 +301,7 @@ class EventHub:
             watched.gone, watched.read_at = True, snap.read_at
             return [], False
         if watched.seen is None or snap.base is None or watched.seen < snap.base:
-            more = watch.read(watched)
+            more = watch.read(watched, max_bytes=CATCH_UP_BYTES)
             self.direct_reads += 2
             return [frame(e) for e in watch.take(READ_PAGE)], more
         _prime(watch, watched, snap.head)
@@ -323,7 +324,9 @@ class EventHub:
             watched.gone, watched.read_at = True, snap.read_at
             return False, None
         if watched.seen is None or snap.base is None or watched.seen < snap.base:
-            more = watch.read(watched)
+            if watched.pending:  # its last page is not all sent: a task holds one page at a time
+                return False, None
+            more = watch.read(watched, max_bytes=CATCH_UP_BYTES)
             self.direct_reads += 2
             return more, None
         _prime(watch, watched, snap.head)

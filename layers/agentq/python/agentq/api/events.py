@@ -37,6 +37,7 @@ feedback, the grading model's tokens and cost), ``task.interrupt_requested``, ``
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -50,6 +51,12 @@ from agentq.storage.events import Head, LogEvent, Position
 
 SETTLE = 1.0  # seconds: how far behind its reads of the other tasks a tree's event is held (see the module)
 READ_PAGE = 200
+# A stream reading its own way up (``EventHub``: a resume from an old id, a stream from the start)
+# holds at most about this much of events read and not yet sent (one event more, if larger), a
+# task at a time: not a page of 200 (200 turns of 15 KB held 9.5 MB a stream while written to a
+# slow client). The events per read follow their size, starting at ``FIRST_PAGE``.
+CATCH_UP_BYTES = 64_000
+FIRST_PAGE = 16
 
 
 @dataclass
@@ -69,6 +76,7 @@ class Watched:
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     primed: bool = False
     live: tuple[int, int, str] | None = None  # (step, epoch, text) of the live text sent
+    page: int = FIRST_PAGE  # events a read bounded by bytes asks for: what fitted the last one
 
     def __post_init__(self) -> None:
         self.seen = self.cursor
@@ -196,18 +204,31 @@ class Watch:
     def done(self) -> bool:
         return all(w.done for w in self.tasks.values())
 
-    def read(self, watched: Watched, *, limit: int = READ_PAGE) -> bool:
+    def read(self, watched: Watched, *, limit: int = READ_PAGE, max_bytes: int | None = None) -> bool:
         """Read the task's next events from the table (META, then what follows ``seen`` up to
-        it) into ``pending``; True if more remain to read."""
+        it) into ``pending``; True if more remain to read. ``max_bytes``: keep only the events
+        that fit it (at least one; the rest are read again next time) and ask next time for as
+        many as fitted this time's sizes, at most twice as many as this time."""
         read_at = time.time()  # before the read: what commits after it is stamped later (see the module)
         head = self.store.events.head(watched.task_id)
         if head is None:
             watched.gone, watched.read_at = True, read_at  # purged, or not written yet
             return False
         self.prime_inputs(watched, head)
+        if max_bytes is not None:
+            limit = min(limit, watched.page)
         events = self.store.events.read(watched.task_id, head, watched.seen, limit=limit)
-        watched.absorb(head, events, complete=len(events) < limit, read_at=read_at)
-        return len(events) >= limit
+        complete = len(events) < limit
+        if max_bytes is not None and events:
+            sizes = [event_bytes(e) for e in events]
+            kept, held = 1, sizes[0]
+            while kept < len(sizes) and held + sizes[kept] <= max_bytes:
+                held, kept = held + sizes[kept], kept + 1
+            if kept < len(events):
+                events, complete = events[:kept], False
+            watched.page = max(1, min(READ_PAGE, 2 * limit, max_bytes * len(sizes) // max(1, sum(sizes))))
+        watched.absorb(head, events, complete=complete, read_at=read_at)
+        return not complete
 
     def ready(self) -> tuple[Watched, LogEvent] | None:
         """The next event in the watch's order, if it may be sent now (see the module)."""
@@ -320,6 +341,11 @@ class Watch:
             "committed": False,
             "data": {"step": step, "epoch": epoch, "text": chunk, "reset": reset},
         }
+
+
+def event_bytes(event: LogEvent) -> int:
+    """About the bytes an event holds (a step's record, which its frame repeats, dominates)."""
+    return len(event.step.model_dump_json()) if event.step is not None else len(json.dumps(event.data, default=str))
 
 
 def _position(text: str, field: str) -> Position:

@@ -330,10 +330,11 @@ class ApiServer:
                 self.connection.settimeout(2 * hub.keepalive)
                 try:
                     for chunk in hub.stream(watch, allowed=allowed):
-                        data = chunk.encode()
+                        data = memoryview(chunk.encode())  # its pieces are views of it, not copies
                         for start in range(0, len(data), _SEND_PIECE):
                             self.wfile.write(data[start : start + _SEND_PIECE])
                         self.wfile.flush()
+                        del data, chunk  # not held while the stream waits for the task
                 except (BrokenPipeError, ConnectionResetError, TimeoutError):
                     pass  # the client went away: its poller subscription ends with the generator
 

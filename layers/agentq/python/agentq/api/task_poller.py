@@ -12,13 +12,12 @@ history). A subscriber behind the buffer reads its own way up from the table fir
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from agentq.api.events import READ_PAGE
+from agentq.api.events import READ_PAGE, event_bytes
 from agentq.storage.container import Storage
 from agentq.storage.events import Head, LogEvent, Position
 
@@ -148,7 +147,7 @@ class TaskPoller:
                 if len(page) < READ_PAGE:
                     break
                 after = page[-1].position
-        sizes = [_size(e) for e in new]
+        sizes = [event_bytes(e) for e in new]
         with self.lock:
             self.head, self.read_at = head, read_at
             if head is not None:
@@ -200,8 +199,3 @@ class TaskPoller:
             if self.base is not None and position > self.base and position not in self.frames:
                 self.frames[position] = text
                 self.held += len(text)
-
-
-def _size(event: LogEvent) -> int:
-    """About the bytes an event holds (a step's record, which its frame repeats, dominates)."""
-    return len(event.step.model_dump_json()) if event.step is not None else len(json.dumps(event.data, default=str))
