@@ -62,7 +62,7 @@ NOTIFY = {"url": "https://hooks.example.com/agentq", "events": ["succeeded", "fa
 # Item attributes that hold a clock reading (besides the engine recording's): blanked.
 CLOCK = TIME_FIELDS | {"next_fire_at", "sent_at", "ttl", "hb", "beat_at", "last_fire_at", "scheduled_time"}
 # A shard picked at random (storage.task_listing); a sort key led by the creation time; a logged
-# write's attempt id, on its first event (storage.events.logged_transact).
+# write's attempt id, on its first event (storage.event_writes.logged_transact).
 VARIES = frozenset({"live_pk", "gsi1sk", "write"})
 STAMP = re.compile(r"\d{10}\.\d+")  # a clock reading in a key (a waiting list's order)
 

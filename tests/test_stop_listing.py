@@ -23,7 +23,7 @@ from agentq.core.models import Lease, TaskStatus, TaskSubmission
 from agentq.core.stops import StopScope
 from agentq.storage import keys
 from agentq.storage.container import Storage
-from agentq.storage.events import TOGETHER
+from agentq.storage.event_writes import TOGETHER
 from agentq.storage.item_size import item_size
 from agentq.storage.table import STOPPING, Update
 from agentq.storage.task_listing import TENANT_LIVE_PAGE

@@ -13,7 +13,8 @@ from agentq.core.errors import IllegalTransition
 from agentq.core.models import RetryState, TaskStatus
 from agentq.storage import keys
 from agentq.storage.container import Storage
-from agentq.storage.events import CREATED, LogEvent, NewEvent, Position, logged_transact
+from agentq.storage.event_writes import NewEvent, logged_transact
+from agentq.storage.events import CREATED, LogEvent, Position
 from agentq.storage.table import Action, Check, Update, present
 
 from ._builders import claimed, llm_step, new_task, tools_step

@@ -30,7 +30,7 @@ from agentq.queueing.queues import TaskQueues
 from agentq.storage import keys
 from agentq.storage.api_keys import KeyNotFound
 from agentq.storage.container import Storage
-from agentq.storage.events import TOGETHER
+from agentq.storage.event_writes import TOGETHER
 from agentq.storage.running_slots import RunningSlots
 
 log = logging.getLogger("agentq.control")

@@ -17,7 +17,7 @@ from agentq.core.errors import IllegalTransition
 from agentq.core.models import Lease, TaskStatus
 from agentq.core.records import ApprovalRecord
 from agentq.storage import keys
-from agentq.storage.events import EVENT_TEXT_CHARS, NewEvent, logged_transact
+from agentq.storage.event_writes import EVENT_TEXT_CHARS, NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import Item, Patch, Put, Table, TransactionCancelled, Update, absent, plain
 from agentq.storage.tasks import Tasks

@@ -78,7 +78,7 @@ from agentq.storage.budget_patches import (
     summed,
     unless_folded,
 )
-from agentq.storage.events import NewEvent, logged_transact
+from agentq.storage.event_writes import NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
     Check,

@@ -37,7 +37,7 @@ a finished task. An interrupt is ``interrupt_at`` on META: the next LLM step's c
 conditional on its absence, so the answer of a call in flight is discarded (and charged: it is
 settled as an orphan call), and the engine moves the task to ``idle`` (or delivers what waits).
 
-Each of these writes logs its event in the same transaction (``storage.events``):
+Each of these writes logs its event in the same transaction (``storage.event_writes``):
 ``message.received`` with the accept, ``task.interrupt_requested``, ``task.status`` idle,
 ``conversation.closed``; the delivery is a step, an event of its own.
 """
@@ -60,7 +60,7 @@ from agentq.core.records import ConversationMark, Inbox
 from agentq.resources import TTL_ATTRIBUTE
 from agentq.storage import keys
 from agentq.storage.budget_items import SETTLED, BudgetRaise
-from agentq.storage.events import EVENT_TEXT_CHARS, NewEvent, logged_transact
+from agentq.storage.event_writes import EVENT_TEXT_CHARS, NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
     Item,

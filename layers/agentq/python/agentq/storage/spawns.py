@@ -25,7 +25,7 @@ from agentq.core.records import SpawnRecord
 from agentq.storage import keys
 from agentq.storage.budget_patches import BUDGET
 from agentq.storage.budgets import Budgets
-from agentq.storage.events import NewEvent, logged_transact
+from agentq.storage.event_writes import NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import (

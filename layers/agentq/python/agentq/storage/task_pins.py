@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from agentq.core.models import TaskSubmission
 from agentq.core.status import TaskStatus
 from agentq.storage import keys
-from agentq.storage.events import NewEvent, logged_transact
+from agentq.storage.event_writes import NewEvent, logged_transact
 from agentq.storage.table import Check, Item, Put, Table, TransactionCancelled, status_in
 from agentq.storage.task_items import TaskItems, same_submission
 

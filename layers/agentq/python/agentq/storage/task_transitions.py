@@ -33,7 +33,7 @@ from agentq.core.status import DEFERRED_EPOCH, LOOK_DUE, SILENT_UNTIL
 from agentq.observe.redaction import redact
 from agentq.resources import LIVE_ATTRIBUTES, TTL_ATTRIBUTE
 from agentq.storage import keys
-from agentq.storage.events import TOGETHER, LoggedWrite, NewEvent, logged_together, logged_transact
+from agentq.storage.event_writes import TOGETHER, LoggedWrite, NewEvent, logged_together, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.messages import nothing_waits
 from agentq.storage.table import (
@@ -90,7 +90,7 @@ class TaskTransitions(TaskItems):
         ``expect``: attributes META must hold for the move (a redrive: the failure it was
         dead-lettered for); refused (``IllegalTransition``) otherwise. ``read``: META as the
         caller read it (``read_many``), written from instead of a read of its own
-        (``events.logged_transact``); the status returned is still the one the write replaced.
+        (``event_writes.logged_transact``); the status returned is still the one the write replaced.
         ``delivered``: the move ends the turn of a conversation that holds that many of its
         messages (a fork ending on its copied answer, ``core.engine._loop``): refused while a
         later one waits, as a step commit that ends the task is (``steps._heeds_messages``,
