@@ -14,7 +14,7 @@ from agentq.core.models import RetryState, TaskStatus
 from agentq.storage import keys
 from agentq.storage.container import Storage
 from agentq.storage.event_writes import NewEvent, logged_transact
-from agentq.storage.events import CREATED, LogEvent, Position
+from agentq.storage.events import CREATED, RANK_EVENT, LogEvent, Position
 from agentq.storage.table import Action, Check, Update, present
 
 from ._builders import claimed, llm_step, new_task, tools_step
@@ -181,6 +181,49 @@ def test_a_cursor_past_the_end_or_not_issued_by_the_log_is_refused(backend: Stor
     for bad in ("1e400", "1.2.3", "1.2.9.0", "-1.0.0.0", "1.0.0.0 ", "", "1.0.0.0\n", "\u0661.0.0.0", "1.0.0.\uff10"):
         with pytest.raises(ValueError):
             Position.parse(bad)
+
+
+def test_a_position_the_log_calls_consistent_resumes_exactly_and_every_one_it_issued_is(backend: Storage) -> None:
+    """``EventLog.consistent`` (what ``Watch.open`` asks of a cursor): every position the log
+    returned is consistent, and any position near them that it calls consistent resumes exactly
+    after the last real event at or before it. A position whose seq is ahead of its step (``1.3.2.0``
+    where event 3 followed step 2) made a read start at the wrong events."""
+    task_id = new_task(backend)
+    first = backend.tasks.claim(task_id, "w1", 0.05)
+    assert first is not None
+    backend.steps.commit(first[0], 1, llm_step(), root_id=task_id)
+    backend.tasks.record_retry(task_id, _retry(2), lease=first[0])
+    backend.steps.commit(first[0], 2, tools_step(), root_id=task_id)
+    logged_transact(backend.table, task_id, [Check("meta", keys.meta_key(task_id), present())],
+                    [NewEvent("budget.raised", {"n": 1}), NewEvent("message.received", {"n": 2})])  # fmt: skip
+    time.sleep(0.1)
+    second = backend.tasks.claim(task_id, "w2", 30)  # a takeover at (2, 3)
+    assert second is not None
+    backend.steps.commit(second[0], 3, llm_step(), root_id=task_id)
+    backend.tasks.record_retry(task_id, _retry(4), lease=second[0])
+    backend.steps.commit(second[0], 4, llm_step(text="done"), root_id=task_id, finish=TaskStatus.SUCCEEDED,
+                         result="done")  # fmt: skip
+    head = backend.events.head(task_id)
+    assert head is not None
+    everything = _all(backend, task_id)
+    real = [e.position for e in everything]
+    assert all(backend.events.consistent(task_id, head, p) for p in real)
+    near = {Position(max(0, p.step + a), max(0, p.seq + b), rank, sub)
+            for p in real for a in (-1, 0, 1) for b in (-1, 0, 1) for rank in range(4) for sub in (0, 1, 2)}  # fmt: skip
+    refused = 0
+    for q in sorted(q for q in near if q <= head.position):
+        if not backend.events.consistent(task_id, head, q):
+            refused += 1
+            continue
+        rest = [e.position for e in _all(backend, task_id, q)]
+        assert rest == [p for p in real if p > q], (
+            f"{q} resumes at {rest[:2]}, not after {max(p for p in real if p <= q)}"
+        )
+    assert (
+        refused
+        and Position(1, 3, RANK_EVENT) in near
+        and not backend.events.consistent(task_id, head, Position(1, 3, RANK_EVENT))
+    )
 
 
 def _moved_since_read(backend: Storage, how: str) -> tuple[str, dict[str, Any]]:

@@ -117,8 +117,10 @@ class Watch:
         cls, store: Storage, task: Task, cursor: str | None, *, tree: bool, field: str, settle: float = SETTLE
     ) -> Watch:
         """The watch of ``task`` (or its tree) after ``cursor`` (None: from the start). A cursor
-        of another task or tree, past a task's end, or one this API did not issue, is
-        ``InvalidCursor`` naming ``field``; a sub-agent it names that is gone since is left out."""
+        of another task or tree, past a task's end, or one this API did not issue (its parts
+        each in range but not together: ``EventLog.consistent``, a Query of two events for each
+        task it names), is ``InvalidCursor`` naming ``field``; a sub-agent it names that is gone
+        since is left out."""
         watch = cls(store, task, tree=tree, field=field, settle=settle)
         if not cursor:
             return watch
@@ -144,9 +146,12 @@ class Watch:
                 # more to send, and the rest of the tree resumes. Refused, the id never resumed again.
                 watched.gone = True
                 continue
+            name = f"sub-agent {path_text(watched.path)}" if watched.path else f"task {watched.task_id}"
             if head is None or watched.cursor > head.position:
-                name = f"sub-agent {path_text(watched.path)}" if watched.path else f"task {watched.task_id}"
                 raise InvalidCursor(f"{field}: event {watched.cursor} of {name} is past its end", field=field)
+            if not store.events.consistent(watched.task_id, head, watched.cursor):  # one small Query
+                raise InvalidCursor(f"{field}: {watched.cursor} is not an event id of {name} this API issued",
+                                    field=field)  # fmt: skip
         return watch
 
     def _at(self, watched: Watched, position: Position | None) -> None:

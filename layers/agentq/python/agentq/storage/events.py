@@ -188,6 +188,27 @@ class EventLog:
         ready = [e for e in out if (after is None or e.position > after) and e.position <= horizon]
         return ready[:limit]
 
+    def consistent(self, task_id: str, head: Head, at: Position) -> bool:
+        """Whether ``at`` can be a position of the log ``head`` ends: its ``seq`` reached, and
+        its ``step`` where events ``seq`` and ``seq + 1`` place it (an event's own; a claim's or
+        a step's after the first, and not after the second). An id whose parts each fit but not
+        together (a seq ahead of its step) made ``read`` start at the wrong events: ids never
+        issued, events left out. One Query of those two small items (none before any event)."""
+        if at.seq > head.seq or (at.rank != RANK_CLAIM and at.sub != 0):
+            return False
+        around: dict[int, int] = {}  # after_step of events seq and seq + 1, by seq
+        if head.seq:
+            span = (keys.event_sk(max(at.seq, 1)), keys.event_sk(at.seq + 1))
+            found = self.table.query(keys.task_pk(task_id), between=span, attributes=("seq", "after_step"))
+            around = {int(e["seq"]): int(e["after_step"]) for e in found}
+        if at.seq and at.seq not in around:
+            return False
+        if at.rank == RANK_EVENT:
+            fits = around[at.seq] == at.step if at.seq else at == CREATED
+        else:  # a claim found ``step`` after event ``seq``; step ``step`` committed after it
+            fits = not at.seq or (around[at.seq] <= at.step if at.rank == RANK_CLAIM else around[at.seq] < at.step)
+        return fits and around.get(at.seq + 1, at.step) >= at.step
+
     def spawned(self, task_id: str, upto: Position) -> list[list[str]]:
         """The children each ``task.spawned`` event of the task names, in commit order, up to
         ``upto``: a tree's cursor names a sub-agent by its place among its parent's children."""
