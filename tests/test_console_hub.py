@@ -80,3 +80,56 @@ def test_the_console_follows_the_hub_and_the_apis_route_when_the_hub_is_gone(sta
                 assert (from_hub, from_api) == ((True, False) if hub_up else (False, True))
         finally:
             browser.close()
+
+
+def test_the_console_follows_a_task_from_the_apis_route_while_the_hub_is_full() -> None:
+    """The hub at its cap of open streams answers 429: the console takes that as it takes a 5xx
+    (the API's route from the last id, the hub again 30 s later). Before, a 429 was "not
+    streaming" and the page polled every 1.5 s for the rest of its life. Servers in-process, on
+    the in-memory store, without keys."""
+    import socket
+
+    from playwright.sync_api import sync_playwright
+
+    from agentq.api.app import build_app
+    from agentq.api.event_hub import EventHub
+    from agentq.api.http_server import LOCAL_TENANT, ApiServer
+    from agentq.api.stream_caps import StreamCaps
+    from agentq.core.tools.builtin import default_registry
+    from agentq.storage.container import memory_storage
+
+    from tests.storage_conformance._builders import claimed, llm_step
+
+    store = memory_storage()
+    lease = claimed(store, tenant=LOCAL_TENANT)
+    caps = StreamCaps(per_tenant=1, per_user=1)
+    reads = build_app(store, default_registry(), None, default_tenant=LOCAL_TENANT)  # type: ignore[arg-type]
+    hub = ApiServer(reads.resolve, hub=EventHub(store, interval=0.05, caps=caps), hub_only=True).start()
+    app = build_app(store, default_registry(), None, default_tenant=LOCAL_TENANT, hub_url=hub.url)  # type: ignore[arg-type]
+    api = ApiServer(app.resolve, hub=EventHub(store, interval=0.05)).start()
+    full = socket.create_connection(("127.0.0.1", hub.httpd.server_port))  # the one stream the cap allows
+    try:
+        full.sendall(f"GET /tasks/{lease.task_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "Accept: text/event-stream\r\n\r\n".encode())  # fmt: skip
+        assert full.recv(12) == b"HTTP/1.1 200"
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_context().new_page()
+                page.set_default_timeout(TIMEOUT_MS)
+                responses: list[tuple[int, str]] = []
+                page.on("response", lambda r: responses.append((r.status, r.url)))
+                page.goto(f"{api.url}/console/#/tasks/{lease.task_id}")
+                page.wait_for_function("() => window.agentqStream && window.agentqStream.streaming === true",
+                                       timeout=20_000)  # fmt: skip
+                assert page.evaluate("window.agentqStream.via") == "api"
+                store.steps.commit(lease, 1, llm_step(text="from the api"), root_id=lease.task_id)
+                page.wait_for_function("() => (window.agentqStream.events || 0) >= 3", timeout=20_000)  # its step too
+                assert page.evaluate("window.agentqStream.fallback") is None
+            finally:
+                browser.close()
+    finally:
+        full.close()
+        api.stop()
+        hub.stop()
+    assert (429, f"{hub.url}/tasks/{lease.task_id}/events") in responses

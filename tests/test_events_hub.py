@@ -25,6 +25,7 @@ from agentq.api.client import Client
 from agentq.api.event_hub import EventHub
 from agentq.api.http_server import LOCAL_TENANT, ApiServer
 from agentq.api.stream_caps import StreamCaps
+from agentq.core.models import TaskStatus
 from agentq.core.tools.builtin import default_registry
 from agentq.storage.container import memory_storage
 from agentq_dev.stack import LocalStack
@@ -217,6 +218,38 @@ def test_a_stream_whose_client_stops_reading_is_closed_and_frees_its_slot() -> N
     finally:
         stalled.close()
         server.stop()
+
+
+def test_a_client_the_full_hub_refuses_follows_the_task_from_the_apis_route() -> None:
+    """The hub at its cap answers 429 ``too_many_streams``: ``Client.iter_events`` (``agentq
+    events``, ``agentq watch``) takes that as it takes a 5xx, and follows the task from the API's
+    own route from its last id (the hub again 30 s later). Before, the 429 was raised to the
+    caller, and the console polled for the rest of the page's life (``console_assets/api.js``)."""
+    store = memory_storage()
+    lease = claimed(store, tenant=LOCAL_TENANT)
+    caps = StreamCaps(per_tenant=1, per_user=1)
+    reads = build_app(store, default_registry(), None, default_tenant=LOCAL_TENANT)  # type: ignore[arg-type]
+    hub = ApiServer(reads.resolve, hub=EventHub(store, interval=0.05, caps=caps), hub_only=True).start()
+    app = build_app(store, default_registry(), None, default_tenant=LOCAL_TENANT, hub_url=hub.url)  # type: ignore[arg-type]
+    api = ApiServer(app.resolve, hub=EventHub(store, interval=0.05)).start()
+    full = socket.create_connection(("127.0.0.1", hub.httpd.server_port))  # the one stream the cap allows
+    try:
+        full.sendall(f"GET /tasks/{lease.task_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "Accept: text/event-stream\r\n\r\n".encode())  # fmt: skip
+        _until(lambda: caps.open_streams(LOCAL_TENANT) == 1, "the stream that fills the cap")
+        store.steps.commit(lease, 1, llm_step(text="one"), root_id=lease.task_id)
+        got = []
+        for event in Client(api.url).iter_events(lease.task_id):  # the hub is full while the task runs
+            if event.type == "agent.message":
+                got.append(event.data.get("text"))
+                if len(got) == 1:
+                    store.steps.commit(lease, 2, llm_step(text="two"), root_id=lease.task_id,
+                                       finish=TaskStatus.SUCCEEDED, result="x")  # fmt: skip
+    finally:
+        full.close()
+        api.stop()
+        hub.stop()
+    assert got == ["one", "two"]
 
 
 def _until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:

@@ -56,3 +56,37 @@ def test_a_slow_stream_catching_up_on_a_long_task_holds_about_the_buffer_cap_not
             s.close()
         server.stop()
     assert per_stream < 4 * BUFFER_BYTES, f"a slow stream holds {per_stream / 1e6:.1f} MB"
+
+
+def test_a_stream_whose_client_hung_up_frees_its_slot_before_the_next_keep_alive() -> None:
+    """A client that closes an idle stream (a console page left, a CLI stopped) kept its slot until
+    the hub's next write to it, the keep-alive 15 s later: a user who opens pages faster than that
+    reaches the per-user cap (20) with streams nobody reads and is refused 429 (the console then
+    polls for the rest of the page's life). The hub may notice the hang-up while it waits."""
+    store = memory_storage()
+    tasks = [claimed(store, tenant=LOCAL_TENANT).task_id for _ in range(3)]
+    caps = StreamCaps(per_tenant=2, per_user=2)
+    hub = EventHub(store, interval=0.05, keepalive=15.0, caps=caps)
+    app = build_app(store, default_registry(), None, default_tenant=LOCAL_TENANT)  # type: ignore[arg-type]  # reads only
+    server = ApiServer(app.resolve, hub=hub).start()
+    port = server.httpd.server_port
+
+    def open_stream(task_id: str) -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(f"GET /tasks/{task_id}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                  "Accept: text/event-stream\r\n\r\n".encode())  # fmt: skip
+        return s
+
+    try:
+        for task_id in tasks[:2]:
+            s = open_stream(task_id)
+            assert s.recv(12) == b"HTTP/1.1 200"
+            s.recv(65536)  # its first events: the stream is now idle, waiting for the task
+            s.close()  # the page navigates away
+        time.sleep(2)  # well within the keep-alive period
+        third = open_stream(tasks[2])
+        status = third.recv(12)
+        third.close()
+    finally:
+        server.stop()
+    assert status == b"HTTP/1.1 200", f"streams closed 2 s ago still hold the cap: {status!r}"

@@ -275,8 +275,8 @@ class Client(AgentCalls):
         Uncommitted events (``committed`` false: live text) come too, while streaming.
 
         Where the deployment runs an events hub (``GET /health`` names it under ``live``), the
-        stream is read there; when the hub fails (unreachable, a 5xx, a dropped stream) the API's
-        own route takes over from the last event id, and the hub is tried again
+        stream is read there; when the hub fails (unreachable, a 5xx, a dropped stream) or is
+        full (429, its cap of open streams) the API's own route takes over from the last event id, and the hub is tried again
         ``HUB_RETRY_SECONDS`` later. Either way an event already yielded is never yielded again
         (ids are positions: the same event has the same id on both)."""
         cursor = after
@@ -307,6 +307,11 @@ class Client(AgentCalls):
                 failures += 1
                 if failures > 8 + self.retries:
                     raise
+            except ApiError as exc:
+                if on_hub and exc.status == 429:  # the hub's cap of open streams: the API's route, as for a 5xx
+                    hub_failed_at = time.monotonic()
+                    continue
+                raise
             time.sleep(min(0.1 * 2**failures, 2.0))  # the stream dropped (or a batch ended): resume
         while True:
             page = self.events(task_id, after=cursor, tree=tree, limit=200)

@@ -171,16 +171,25 @@ class EventHub:
                 return False
         return True
 
-    def stream(self, watch: Watch, *, allowed: Callable[[], bool] | None = None) -> Iterator[str]:
+    def stream(
+        self,
+        watch: Watch,
+        *,
+        allowed: Callable[[], bool] | None = None,
+        wake: threading.Event | None = None,
+        gone: Callable[[], bool] | None = None,
+    ) -> Iterator[str]:
         """The frames of ``watch``'s stream until every task has ended (see the module), or
         until it has lived ``max_seconds``, or ``allowed`` (asked every ``authorize_every``
         seconds) says its caller may no longer watch: those two end it quietly, without
         ``END``, so a client resumes from its last id and is authorised again, or refused (401).
+        ``gone``: whether the client hung up, which sets ``wake`` (``api/hang_ups.py``): the
+        stream ends then, not at its next write (the next keep-alive, 15 s on).
         Why: a stream was authorised once, when it opened, and lived as long as its task (days
         on the hub): a key revoked, or a token expired, went on receiving every event; on the
         events function a stream outliving the Lambda's 900 s timeout was killed mid-frame, a
         timeout Lambda counts as an error (the ``EventStreamFailures`` alarm)."""
-        wake = threading.Event()
+        wake = wake or threading.Event()
         attached: dict[str, TaskPoller] = {}
         eager: dict[str, bool] = {}  # of a tree's tasks: whether this watch holds events by its poller's reads
         retry = RETRY  # with the first event
@@ -189,7 +198,7 @@ class EventHub:
             ends = opened + self.max_seconds if self.max_seconds is not None else None
             while True:
                 now = time.monotonic()
-                if ends is not None and now >= ends:
+                if (ends is not None and now >= ends) or (gone is not None and gone()):
                     return
                 if allowed is not None and now - checked >= self.authorize_every:
                     if not allowed():

@@ -54,6 +54,7 @@ from agentq.api.gateway_proxy import (
     refusal,
     wsgi_app,
 )
+from agentq.api.hang_ups import HangUps
 from agentq.api.live_stream import LiveStream, live_var
 from agentq.api.models.base import body_limit
 from agentq.api.routes.a2a import is_rpc_path, rpc_refusal
@@ -124,6 +125,7 @@ class ApiServer:
         self.authorizer = authorizer
         self.host = host
         self.hub = hub
+        self.hang_ups = HangUps()  # its streams' clients that hung up, noticed while they wait
         self.body_seconds = body_seconds
 
         outer = self
@@ -328,8 +330,10 @@ class ApiServer:
                 # with it this thread and its stream slot: a piece not taken within two keep-alive
                 # periods is taken for the client gone, and the slot frees as the stream ends.
                 self.connection.settimeout(2 * hub.keepalive)
+                wake = threading.Event()  # a hang-up, as a poller's read, wakes the stream
+                gone = outer.hang_ups.watch(self.connection, wake)
                 try:
-                    for chunk in hub.stream(watch, allowed=allowed):
+                    for chunk in hub.stream(watch, allowed=allowed, wake=wake, gone=gone):
                         data = memoryview(chunk.encode())  # its pieces are views of it, not copies
                         for start in range(0, len(data), _SEND_PIECE):
                             self.wfile.write(data[start : start + _SEND_PIECE])
@@ -337,6 +341,8 @@ class ApiServer:
                         del data, chunk  # not held while the stream waits for the task
                 except (BrokenPipeError, ConnectionResetError, TimeoutError):
                     pass  # the client went away: its poller subscription ends with the generator
+                finally:
+                    outer.hang_ups.forget(self.connection)
 
             def __getattr__(self, name: str) -> Any:  # every method reaches the handler (405 for the wrong one)
                 if name.startswith("do_"):

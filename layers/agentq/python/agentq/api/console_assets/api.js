@@ -133,7 +133,7 @@ const HUB_RETRY_MS = 30000; // after the hub failed, the API's own route serves 
 // Follow a server-sent event stream (GET .../events) with the key: EventSource cannot send an
 // Authorization header, so this is its protocol over fetch: each event to onEvent, a reconnect
 // with Last-Event-ID when the connection drops, done at `event: end` or a 204. Read from the
-// events hub when the deployment offers one, from the API's route when the hub fails (resuming
+// events hub when the deployment offers one, from the API's route when the hub fails or is full (resuming
 // at the last id: an event already handed on is never handed on again). Rejects when the API
 // does not stream (or keeps failing), so the caller can poll instead.
 export async function follow(path, onEvent, signal, state = {}) {
@@ -152,7 +152,9 @@ export async function follow(path, onEvent, signal, state = {}) {
     let resp;
     try {
       resp = await fetch(onHub ? new URL(path.replace(/^\//, ""), hub) : url(path), { headers, cache: "no-store", signal });
-      if (onHub && resp.status >= 500) throw new Error(`the events hub answered ${resp.status}`);
+      // A 5xx, or a 429 (the hub's cap of open streams): the API's route, and the hub again later.
+      // Taken for "not streaming", a 429 left the page polling every 1.5 s for the rest of its life.
+      if (onHub && (resp.status >= 500 || resp.status === 429)) throw new Error(`the events hub answered ${resp.status}`);
     } catch (err) {
       if (signal.aborted) return "stopped";
       if (onHub) {
