@@ -39,6 +39,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
+from pydantic import TypeAdapter
+
 from agentq.api import http_guard
 from agentq.api.auth import caller_of
 from agentq.api.errors import error_body
@@ -89,6 +91,7 @@ class _Server(ThreadingHTTPServer):
 
 
 _EVENTS_PATH = re.compile(r"/tasks/([^/]+)/events")
+_BOOLEAN = TypeAdapter(bool)  # how the handler reads a boolean query (``tree``)
 _SEND_PIECE = 64 * 1024  # a stream is sent in pieces: a slow reader need take only one per send timeout
 # The events hub is read from the console's origin (the API's) and any other page holding a key.
 _CORS = {
@@ -278,7 +281,9 @@ class ApiServer:
                 caller = caller_of(_caller(outer.authorizer, self.path, headers))
                 assert caller is not None  # the check above answered 401 otherwise
                 after = query.get("after", [None])[-1] or self.headers.get("Last-Event-ID")
-                tree = query.get("tree", ["false"])[-1].lower() in ("true", "1")
+                # read as the handler read it in the check above (pydantic's booleans: yes, on, t, 1, ...);
+                # read as true or 1 only, ?tree=yes was checked as a tree and streamed as one task
+                tree = _BOOLEAN.validate_python(query.get("tree", ["false"])[-1])
                 field = "after" if query.get("after") else "Last-Event-ID"
                 try:
                     watch = hub.open(caller, task_id, after, tree=tree, field=field)

@@ -86,7 +86,7 @@ def register(sub: Any) -> None:
         json_help="one JSON event a line",
     )
     events.add_argument("task_id")
-    events.add_argument("--tree", action="store_true", help="the task and all its sub-agents")
+    events.add_argument("--tree", action="store_true", help="the task and its sub-agents (the first 199 spawned)")
     events.add_argument("--after", help="an event id: start after it (resume)")
     events.add_argument("--deltas", action="store_true", help="with --json: also the uncommitted live text")
     events.add_argument("--poll", action="store_true", help="poll JSON pages instead of streaming")

@@ -43,8 +43,9 @@ def router(deps: ApiDeps) -> Router:
         description="Every status change, committed step, retry, approval, spawn and budget change in commit "
         "order, each with an id; the live text of a model call as uncommitted deltas. `Accept: text/event-stream` "
         "answers server-sent events (resume with `Last-Event-ID`), anything else JSON pages (resume with "
-        "`?after=next_cursor`). `tree=true`: the task and all its sub-agents, each event naming its task and its "
-        "`tree_path`; each task's events in its commit order, merged across tasks by time.",
+        "`?after=next_cursor`). `tree=true`: the task and its sub-agents (at most 200 tasks: the first 199 sub-agents "
+        "spawned), each event naming its task and its `tree_path`; each task's events in its commit order, merged "
+        "across tasks by time.",
         operation_id="getTaskEvents",
         tags=["tasks"],
         responses=documented,
@@ -61,7 +62,7 @@ def router(deps: ApiDeps) -> Router:
                 "Last-Event-ID",
             ),
         ] = None,
-        tree: Annotated[bool, Query(description="also every sub-agent of the task")] = False,
+        tree: Annotated[bool, Query(description="also the task's sub-agents (the first 199 spawned)")] = False,
         limit: Annotated[int, Query(ge=1, le=MAX_EVENT_PAGE, description="events per page")] = DEFAULT_EVENT_PAGE,
     ) -> Response[Any]:
         event = routes.current_event
