@@ -19,7 +19,8 @@ from infra.settings import EnvironmentSettings
 
 
 def build_fanout(scope: Construct, cfg: EnvironmentSettings, data: Data) -> sfn.StateMachine:
-    """Its queue URLs come from the execution input, so its role is granted the tier queues here."""
+    """Its queue URLs come from the execution input, so its role is granted the tier queues here
+    (and the EC2 workspace tier's, by infra/workspace_tier.py)."""
     log_group = logs.LogGroup(
         scope,
         "FanoutLogs",

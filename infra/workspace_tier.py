@@ -7,7 +7,8 @@ Lambda and Fargate allow no user namespaces, so bubblewrap, which the workspace 
 - **Queues of their own** (``{prefix}-workspace-{tier}``, each with its DLQ, the tier queues'
   settings): the API sends a task with a workspace there (``TaskQueues.pool_for``), and the
   executor or the Fargate worker forwards any of its messages that reaches them
-  (``AGENTQ_WORKSPACE_POOL``), so a host without the sandbox never starts it.
+  (``AGENTQ_WORKSPACE_POOL``), so a host without the sandbox never starts it. The fan-out
+  state machine may send to them: a spawn from this pool runs its children and wakes its parent here.
 - **An Auto Scaling group** of Amazon Linux 2023 instances (whose kernel allows unprivileged
   user namespaces) in the worker VPC's private subnets, no public IP, IMDSv2 required with a hop
   limit of 1, an encrypted gp3 root volume. Its user data installs bubblewrap and Python 3.12
@@ -108,6 +109,15 @@ def build_workspace_tier(
 ) -> WorkspaceTier:
     queues, dlqs = tier_queues(scope, cfg, WORKSPACE_POOL)  # as the default ones (infra/data.py)
     _route(cfg, fns, worker, queues)
+    # A spawn's children and its parent's wake go to the queue of the pool the parent runs in
+    # (its launcher names them: queueing/stepfunctions.py), so a task on this pool fans out here.
+    machine.add_to_role_policy(
+        iam.PolicyStatement(
+            sid="RunChildrenWakeParentInWorkspacePool",
+            actions=["sqs:SendMessage"],
+            resources=[q.queue_arn for q in queues.values()],
+        )
+    )
     vpc = worker.vpc if worker is not None else worker_vpc(scope, cfg)
     security_group = ec2.SecurityGroup(
         scope,

@@ -18,7 +18,8 @@ nothing of it there), and of dev with both the Fargate worker and the tier.
   (``agentq.storage.workspace_access``, tests/test_workspace_access.py).
 - Scale-in: a termination lifecycle hook (CONTINUE after ``DRAIN_SECONDS``) the worker completes
   on its own group only, named to the worker by its environment; a drained worker not restarted.
-- Routing: the API, the executor and the Fargate worker know the pool and may send to it.
+- Routing: the API, the executor and the Fargate worker know the pool and may send to it; the
+  fan-out machine may send to it the children and the wake of a spawn from the tier's worker.
 - Alarms: each workspace queue starved (visible messages, not age), each workspace DLQ, and a
   worker that could not sandbox (a metric filter on its ``sandbox_unavailable`` line).
 """
@@ -365,6 +366,61 @@ def test_the_api_the_executor_and_the_fargate_worker_route_workspace_tasks_to_th
     (service,) = both_synth.resources("AWS::ECS::Service").values()
     fargate_subnets = service["Properties"]["NetworkConfiguration"]["AwsvpcConfiguration"]["Subnets"]
     assert group["Properties"]["VPCZoneIdentifier"] == fargate_subnets
+
+
+def _machine_sends_to(synth: Synthesized) -> set[str]:
+    """The queue names the fan-out state machine's role may send to."""
+    names = {lid: r["Properties"]["QueueName"] for lid, r in synth.resources("AWS::SQS::Queue").items()}
+    (machine,) = synth.resources("AWS::StepFunctions::StateMachine").values()
+    role_id = machine["Properties"]["RoleArn"]["Fn::GetAtt"][0]
+    return {
+        names[r["Fn::GetAtt"][0]] for s in _statements_of_role(synth, role_id)
+        if "sqs:SendMessage" in _as_list(s["Action"]) for r in _as_list(s["Resource"])
+        if isinstance(r, dict) and r.get("Fn::GetAtt", [""])[0] in names
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_a_spawn_from_a_workspace_worker_sends_its_children_and_its_parents_wake_where_the_fanout_may_send(
+    synth: Synthesized, tier: str
+) -> None:
+    """The tier's worker reads the workspace pool (its unit's environment), and its fan-out
+    launcher (``StepFunctionsFanout``, with that worker's ``TaskQueues``) names its own pool's
+    queue as the children's and the parent's. Were the machine's role not granted them, RunChild
+    would fail AccessDenied (caught: the child is ``no_report`` and never runs) and WakeParent
+    would fail the execution (the parent waits for ever). The launcher runs here as the worker
+    runs it; only the two AWS clients are stand-ins, recording what it would send."""
+    from types import SimpleNamespace
+
+    from agentq.queueing.queues import TaskQueues
+    from agentq.queueing.stepfunctions import StepFunctionsFanout
+    from agentq.resources import ResourceNames
+
+    cfg = _cfg(synth)
+    started: list[dict[str, Any]] = []
+
+    def start_execution(**kwargs: Any) -> dict[str, str]:
+        started.append(json.loads(kwargs["input"]))
+        return {"executionArn": "x"}
+
+    sqs = SimpleNamespace(get_queue_url=lambda QueueName: {"QueueUrl": f"https://sqs.local/123456789012/{QueueName}"})
+    sfn = SimpleNamespace(start_execution=start_execution)
+    worker_env = unit.environment({})
+    queues = TaskQueues(sqs, ResourceNames.for_prefix(cfg.prefix), pool=worker_env[POOL_VARIABLE],
+                        workspace_pool=worker_env[WORKSPACE_POOL_VARIABLE])  # fmt: skip
+    parent = SimpleNamespace(task_id="p" * 32, tenant="acme", submission=SimpleNamespace(priority=tier))
+    StepFunctionsFanout(sfn, "arn:aws:states:eu-west-1:123456789012:stateMachine:f", queues).start(
+        parent=parent,  # type: ignore[arg-type]
+        spawn_id="s1",
+        children=[("c" * 32, 600)],
+        max_concurrency=1,
+    )
+    (execution,) = started
+    allowed = _machine_sends_to(synth)
+    for key in ("child_queue_url", "parent_queue_url"):
+        queue = execution[key].rsplit("/", 1)[1]
+        assert queue == f"{cfg.prefix}-{WORKSPACE_POOL}-{tier}", (key, queue)
+        assert queue in allowed, f"{key} {queue}: the fan-out's role may send to {sorted(allowed)} only"
 
 
 def test_the_tier_alarms_on_starved_workspace_queues_their_dlqs_and_a_worker_that_cannot_sandbox(
