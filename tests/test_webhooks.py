@@ -22,7 +22,7 @@ from agentq.storage.container import Storage
 from agentq_dev.stack import LocalStack
 
 from tests.helpers import wait_for
-from tests.webhook_receiver import Receiver
+from tests.webhook_receiver import Receiver, Stalling
 
 # Submission checks and the engine need no AWS (the delivery and stack tests below do). ``store`` and ``registry`` (tests/conftest.py) are the in-memory twin's;
 # tests that race processes or use queues ask for ``settings`` and build their own.
@@ -82,6 +82,28 @@ def test_a_callback_url_that_is_not_https_or_leads_inside_is_refused_naming_the_
         submit(store, registry, body, tenant="acme")
     assert refused.value.field == "notify.url" and says in str(refused.value), str(refused.value)
     assert list(store.tasks.live_task_ids()) == []
+
+
+def test_a_receiver_that_answers_a_byte_at_a_time_is_cut_off_at_the_posts_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A callback's URL is its tenant's: a receiver that drips its answer, each read well inside
+    a socket timeout, must not hold a delivery past ``TIMEOUT_SECONDS`` for the whole post. That
+    bound is what the Lambda deliverer's batch is sized by (functions/webhooks)."""
+    from agentq.core import webhooks
+    from agentq.core.webhooks import Delivery, post
+
+    stalling = Stalling(drip=0.2, for_seconds=4.0)
+    try:
+        monkeypatch.setattr(webhooks, "TIMEOUT_SECONDS", 1.0)
+        monkeypatch.setenv("AGENTQ_WEBHOOK_ALLOW", stalling.allow)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"within 1\.0 s"):
+            post(Delivery.for_task_end("acme", stalling.url, {"task_id": "t"}, finished_at=1.0), "whsec_test")
+        elapsed = time.monotonic() - started
+    finally:
+        stalling.close()
+    assert elapsed < 2.0, f"the post took {elapsed:.1f} s"
 
 
 def test_the_lambda_deliverer_posts_reports_a_failed_try_and_dead_letters_a_refused_url(

@@ -19,11 +19,13 @@ import hmac
 import http.client
 import json
 import os
+import socket
 import time
 import urllib.parse
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentq.core.errors import ValidationError
 from agentq.core.tools.addresses import IPAddress, refusal
@@ -40,7 +42,16 @@ from agentq.core.tools.fetch import (
 ALLOW_VARIABLE = "AGENTQ_WEBHOOK_ALLOW"
 SIGNATURE_HEADER = "agentq-signature"
 TOLERANCE_SECONDS = 300
+RESOLVE_SECONDS = 5.0  # resolving a callback's host, at each delivery
+# The POST as a whole, connect to answer: a receiver (its URL is the tenant's) that drips its
+# answer a byte at a time is cut off here, not each read at a socket timeout.
 TIMEOUT_SECONDS = 10.0
+
+
+def longest_delivery_seconds() -> float:
+    """The most one ``post`` takes: resolving its host, then the exchange. A deliverer starts a
+    delivery only with this much time left, and its batch is sized by it (functions/webhooks)."""
+    return RESOLVE_SECONDS + TIMEOUT_SECONDS
 
 
 def allowed_hosts(env: Mapping[str, str] | None = None) -> list[HostRule]:
@@ -95,7 +106,7 @@ def _checked_addresses(target: Target) -> list[IPAddress]:
 
 
 def _resolved(target: Target) -> list[IPAddress]:
-    deadline = Deadline(5.0)
+    deadline = Deadline(RESOLVE_SECONDS)
     try:
         return _getaddrinfo(target, deadline)
     finally:
@@ -189,7 +200,8 @@ def _json_type(value: object) -> str:
 
 def post(delivery: Delivery, secret: str, *, now: float | None = None) -> int:
     """POST the delivery, signed; returns the status. Raises on a refused address, a
-    connection failure or a timeout (the queue retries it)."""
+    connection failure or a timeout (the queue retries it): ``TIMEOUT_SECONDS`` for the whole
+    exchange, however the receiver spaces its bytes."""
     target = _target(delivery.url)
     allowed = next((r for r in allowed_hosts() if r.matches(target.host, target.port)), None)
     if allowed is None and target.scheme != "https":
@@ -200,6 +212,15 @@ def post(delivery: Delivery, secret: str, *, now: float | None = None) -> int:
     body = json.dumps(delivery.payload, default=str).encode()
     timestamp = int(time.time() if now is None else now)
     conn = _connection(target, addresses[0], TIMEOUT_SECONDS)
+    deadline = Deadline(TIMEOUT_SECONDS)
+    connect = conn._create_connection  # type: ignore[attr-defined]
+
+    def watched(*args: Any) -> socket.socket:
+        sock: socket.socket = connect(*args)
+        deadline.watch(sock)  # from the TLS handshake on: shut down when the deadline passes
+        return sock
+
+    conn._create_connection = watched  # type: ignore[attr-defined]
     try:
         conn.request("POST", target.path, body=body, headers={
             **delivery.headers,
@@ -209,8 +230,13 @@ def post(delivery: Delivery, secret: str, *, now: float | None = None) -> int:
         })  # fmt: skip
         response = conn.getresponse()
         response.read(4096)
+        if deadline.expired:  # the shutdown ended the answer early: what was read is cut, not an answer
+            raise TimeoutError
         return int(response.status)
     except (OSError, http.client.HTTPException) as exc:
+        if deadline.expired:
+            raise TimeoutError(f"{target.host} did not take the callback within {TIMEOUT_SECONDS:.1f} s") from None
         raise ConnectionError(f"could not deliver to {target.host}: {type(exc).__name__}: {exc}") from None
     finally:
+        deadline.cancel()
         conn.close()
