@@ -16,7 +16,7 @@ from constructs import Construct
 
 from agentq.control.retention import ttl_removal_pattern
 from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
-from agentq.resources import GSI_LIVE, PAYLOAD_PREFIX
+from agentq.resources import GSI_LIVE, PAYLOAD_PREFIX, WEBHOOK_BATCH_SIZE, WEBHOOK_TIMEOUT_SECONDS
 from agentq.storage.keys import task_pk, tenant_pk
 from infra.access import SLOT_PARTITIONS, liveness_statements, payload_objects
 from infra.data import Data
@@ -32,18 +32,21 @@ REAPER_PAYLOAD_ACTIONS = ["s3:DeleteObject"]
 
 
 def build_webhooks(function: FunctionFactory, data: Data, common: dict[str, str]) -> lambda_.Function:
-    """The deliverer of callbacks, on the webhooks queue (10 a batch, partial failures): it reads
-    the tenant's signing secret (made on first use), POSTs, sets a retry's backoff, and sends a
+    """The deliverer of callbacks, on the webhooks queue (``WEBHOOK_BATCH_SIZE`` a batch, within
+    ``WEBHOOK_TIMEOUT_SECONDS`` at the longest delivery each, partial failures): it reads the
+    tenant's signing secret (made on first use), POSTs, sets a retry's backoff, and sends a
     refused callback to the webhooks DLQ with its reason."""
     deliverer = function(
         "webhooks",
         memory=256,
-        timeout=20,
+        timeout=WEBHOOK_TIMEOUT_SECONDS,
         env=common,
         reserved=None,
         description="agentq webhooks: POSTs signed task-end callbacks",
     )
-    deliverer.add_event_source(sources.SqsEventSource(data.webhooks, batch_size=10, report_batch_item_failures=True))
+    deliverer.add_event_source(
+        sources.SqsEventSource(data.webhooks, batch_size=WEBHOOK_BATCH_SIZE, report_batch_item_failures=True)
+    )
     for statement in (
         iam.PolicyStatement(
             sid="Secrets",

@@ -33,6 +33,7 @@ from agentq.control.retention import ttl_removal_pattern
 from agentq.core.models import TaskSubmission
 from agentq.observe import names
 from agentq.queueing.queues import WORKSPACE_POOL, pooled
+from agentq.queueing.webhooks import DELIVERY_MARGIN_SECONDS
 from agentq.resources import (
     FAULT_RECEIVES,
     GSI_LIVE,
@@ -45,6 +46,9 @@ from agentq.resources import (
     TABLE_STREAM_VIEW_TYPE,
     TIERS,
     TTL_ATTRIBUTE,
+    WEBHOOK_BATCH_SIZE,
+    WEBHOOK_TIMEOUT_SECONDS,
+    WEBHOOK_VISIBILITY_SECONDS,
     fanout_definition,
 )
 from agentq.storage.workers import WORKERS_PK
@@ -1586,9 +1590,36 @@ def test_callbacks_have_their_own_queue_dlq_deliverer_and_alarm(synth: Synthesiz
     _, deliverer = _function(synth, "webhooks")
     assert deliverer["Properties"]["Handler"] == "webhooks.handler.lambda_handler"
     mappings = [m["Properties"] for m in synth.resources("AWS::Lambda::EventSourceMapping").values()]
-    assert any(m.get("FunctionResponseTypes") == ["ReportBatchItemFailures"] and m.get("BatchSize") == 10
+    assert any(m.get("FunctionResponseTypes") == ["ReportBatchItemFailures"] and m.get("BatchSize") == WEBHOOK_BATCH_SIZE
                for m in mappings)  # fmt: skip
     assert f"{cfg.prefix}-webhooks-dlq-not-empty" in _alarms(synth)
+
+
+def test_the_webhooks_deliverer_has_time_for_a_whole_batch_and_its_queue_hides_a_message_six_timeouts(
+    synth: Synthesized,
+) -> None:
+    """A batch must fit in the function's timeout (each delivery up to ``longest_delivery_seconds``,
+    and the handler's margin around it), or Lambda ends the invocation and the whole batch comes
+    back: callbacks already delivered are posted again, every record spends an attempt. And AWS
+    asks a queue a Lambda consumes to hide a message >= 6x the function's timeout (a throttled
+    invoke is retried while the visibility clock runs). The local stack makes its webhooks queue
+    from the same constants (``agentq.resources``)."""
+    from agentq.core.webhooks import longest_delivery_seconds
+
+    cfg = settings_of(synth.env_name)
+    function_id, fn = _function(synth, "webhooks")
+    timeout = fn["Properties"]["Timeout"]
+    (mapping,) = [m["Properties"] for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
+                  if m["Properties"]["FunctionName"] == {"Ref": function_id}]  # fmt: skip
+    queue = synth.template["Resources"][_queue_ids(synth)[f"{cfg.prefix}-webhooks"]]["Properties"]
+    per_record = longest_delivery_seconds() + DELIVERY_MARGIN_SECONDS
+    assert mapping["BatchSize"] * per_record <= timeout, (
+        f"{mapping['BatchSize']} x {per_record} s in a {timeout} s function"
+    )
+    assert queue["VisibilityTimeout"] >= 6 * timeout
+    assert (timeout, mapping["BatchSize"], queue["VisibilityTimeout"]) == (
+        WEBHOOK_TIMEOUT_SECONDS, WEBHOOK_BATCH_SIZE, WEBHOOK_VISIBILITY_SECONDS
+    )  # fmt: skip
 
 
 def test_schedules_have_a_group_a_role_that_only_sends_fires_and_an_api_that_may_only_use_them(

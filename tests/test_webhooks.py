@@ -17,6 +17,7 @@ from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus
 from agentq.core.tools import ToolRegistry
 from agentq.core.webhooks import SIGNATURE_HEADER, signature, verify
+from agentq.resources import WEBHOOK_TIMEOUT_SECONDS
 from agentq.runtime import build_registry
 from agentq.storage.container import Storage
 from agentq_dev.stack import LocalStack
@@ -129,7 +130,9 @@ def test_the_lambda_deliverer_posts_reports_a_failed_try_and_dead_letters_a_refu
                                      MessageSystemAttributeNames=["All"])["Messages"]  # fmt: skip
     handler = load_handler("webhooks")
     arn = queues.sqs.get_queue_attributes(QueueUrl=queues.webhooks_url(), AttributeNames=["QueueArn"])
-    result = handler.lambda_handler(sqs_event(got, arn["Attributes"]["QueueArn"]), FakeLambdaContext(20))
+    result = handler.lambda_handler(
+        sqs_event(got, arn["Attributes"]["QueueArn"]), FakeLambdaContext(WEBHOOK_TIMEOUT_SECONDS)
+    )
     assert len(result["batchItemFailures"]) == 1  # one post of the good delivery failed: tried again later
     assert [status for *_, status in receiver.received] == [500, 204]
     assert verify(store.webhook_secrets.get_or_create("acme"), receiver.received[1][0][SIGNATURE_HEADER],
@@ -138,6 +141,54 @@ def test_the_lambda_deliverer_posts_reports_a_failed_try_and_dead_letters_a_refu
     assert json.loads(dead[0]["Body"])["payload"]["task_id"] == "t2"
     assert "private" in dead[0]["MessageAttributes"]["agentq-reason"]["StringValue"]
     assert queue_depth(queues, queues.webhooks_dlq_url()) == 1
+
+
+def test_the_lambda_deliverer_starts_no_delivery_it_may_not_finish_and_hands_the_rest_back_untouched(
+    moto_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each delivery may take ``longest_delivery_seconds``: one begun without that much of the
+    invocation left could be cut off by Lambda, which returns the *whole* batch (the delivered
+    callbacks posted again, every record spending one of its attempts). So the deliverer stops
+    first, and reports the records it did not start as failures, never posted. Scaled down:
+    each post 1 s, a 2.5 s invocation, a batch of one good receiver and three that never answer."""
+    from agentq.core import webhooks as core_webhooks
+    from agentq.core.webhooks import Delivery
+    from agentq.queueing import webhooks as queueing_webhooks
+    from agentq.runtime import build_queues
+
+    from tests.helpers import deployment
+    from tests.lambda_support import FakeLambdaContext, load_handler, sqs_event
+
+    stalling, good = Stalling(), Receiver()
+    budget = 2.5
+    try:
+        monkeypatch.setattr(core_webhooks, "TIMEOUT_SECONDS", 1.0)
+        monkeypatch.setattr(core_webhooks, "RESOLVE_SECONDS", 0.5)
+        monkeypatch.setattr(queueing_webhooks, "DELIVERY_MARGIN_SECONDS", 0.1)  # each needs 1.6 s left
+        monkeypatch.setenv("AGENTQ_WEBHOOK_ALLOW", f"{stalling.allow},127.0.0.1:{good.server.server_address[1]}")
+        settings = deployment(moto_server)
+        for key, value in settings.env().items():
+            monkeypatch.setenv(key, value)
+        queues = build_queues(settings)
+        urls = {"0-good": good.url, "1-stalls": stalling.url, "2-stalls": stalling.url, "3-stalls": stalling.url}
+        for name, url in urls.items():
+            queues.send_webhook(Delivery.for_task_end("acme", url, {"task_id": name}, finished_at=1.0).to_json())
+        got = queues.sqs.receive_message(QueueUrl=queues.webhooks_url(), MaxNumberOfMessages=10,
+                                         MessageSystemAttributeNames=["All"])["Messages"]  # fmt: skip
+        got.sort(key=lambda m: json.loads(m["Body"])["payload"]["task_id"])
+        ids = [m["MessageId"] for m in got]
+        arn = queues.sqs.get_queue_attributes(QueueUrl=queues.webhooks_url(), AttributeNames=["QueueArn"])
+        handler = load_handler("webhooks")
+        started = time.monotonic()
+        result = handler.lambda_handler(sqs_event(got, arn["Attributes"]["QueueArn"]), FakeLambdaContext(budget))
+        elapsed = time.monotonic() - started
+    finally:
+        stalling.close()
+        good.server.shutdown()
+    assert elapsed < budget, f"the handler ran {elapsed:.1f} s of a {budget} s invocation: Lambda would end it"
+    assert [status for *_, status in good.received] == [204]  # delivered once, and not handed back
+    assert [f["itemIdentifier"] for f in result["batchItemFailures"]] == ids[1:]
+    assert stalling.connections == 1  # the first that stalls was tried; the two after it never posted
 
 
 # Bodies no attempt can deliver, and what the DLQ's reason says of each.
@@ -197,7 +248,9 @@ def test_the_lambda_deliverer_dead_letters_a_body_that_is_not_a_delivery_with_th
         assert len(got) == len(NOT_DELIVERIES) + 1
         arn = queues.sqs.get_queue_attributes(QueueUrl=queues.webhooks_url(), AttributeNames=["QueueArn"])
         handler = load_handler("webhooks")
-        result = handler.lambda_handler(sqs_event(got, arn["Attributes"]["QueueArn"]), FakeLambdaContext(20))
+        result = handler.lambda_handler(
+            sqs_event(got, arn["Attributes"]["QueueArn"]), FakeLambdaContext(WEBHOOK_TIMEOUT_SECONDS)
+        )
         assert result["batchItemFailures"] == []  # none to try again: not the whole batch
         for m in got:  # what the event source does with a batch that reported no failures
             queues.sqs.delete_message(QueueUrl=queues.webhooks_url(), ReceiptHandle=m["ReceiptHandle"])

@@ -200,7 +200,16 @@ def provision_state_machine(sfn: Any, names: ResourceNames) -> str:
 
 
 WEBHOOK_ATTEMPTS = 6  # deliveries of one callback before its message goes to the webhooks DLQ
-WEBHOOK_VISIBILITY_SECONDS = 30  # a delivery's own timeout is 10 s
+# The deliverer Lambda (functions/webhooks): a batch of WEBHOOK_BATCH_SIZE callbacks, each of
+# which may take its longest delivery (core.webhooks.longest_delivery_seconds, 15 s) and the
+# deliverer's margin around it (queueing.webhooks, 5 s), fits its timeout with room for a cold
+# start; a batch that did not would be ended by Lambda and come back whole.
+WEBHOOK_BATCH_SIZE = 5
+WEBHOOK_TIMEOUT_SECONDS = 120
+# AWS: a queue a Lambda consumes hides a message >= 6x the function's timeout (a throttled invoke
+# is retried while the clock runs). A retry's wait is set per message (queueing.webhooks.backoff_seconds);
+# this is how long a message taken by an invocation that crashed, or not started for want of time, waits.
+WEBHOOK_VISIBILITY_SECONDS = 6 * WEBHOOK_TIMEOUT_SECONDS
 
 
 def queue_attributes(settings: QueueSettings, dlq_arn: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from agentq.core.models import Task, TaskStatus
 from agentq.core.tools.fetch import FetchRefused
-from agentq.core.webhooks import Delivery, post
+from agentq.core.webhooks import Delivery, longest_delivery_seconds, post
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
 
@@ -71,6 +71,18 @@ def deliver(store: Storage, body: str) -> int:
         raise DeliveryFailed(f"{delivery.url} answered {status}")
     log.info("callback %s delivered to %s (%d)", delivery.delivery_id, delivery.url, status)
     return status
+
+
+# Around a delivery: its tenant's signing secret read first, the retry's visibility change or the
+# DLQ send after. A deliverer starts one with at least longest_delivery_seconds() + this left.
+DELIVERY_MARGIN_SECONDS = 5.0
+
+
+def time_for_another(remaining_ms: int) -> bool:
+    """Whether a deliverer with ``remaining_ms`` of its invocation left may start a delivery:
+    one cut off by the invocation's end would take the whole batch back with it (the Lambda
+    service returns every record of an invocation that timed out, delivered or not)."""
+    return remaining_ms >= (longest_delivery_seconds() + DELIVERY_MARGIN_SECONDS) * 1000
 
 
 def backoff_seconds(receive_count: int) -> int:
