@@ -13,6 +13,7 @@ from agentq.control.submit import submit
 from agentq.core import faults
 from agentq.core.models import LLMStep, Task, TaskStatus, ToolsStep
 from agentq.queueing.dlq import list_dead_letters
+from agentq.resources import fanout_definition
 from agentq.runtime import build_registry
 from agentq.storage.container import Storage
 from agentq_dev.stack import LocalStack
@@ -428,3 +429,74 @@ def test_a_child_that_fails_deterministically_ends_failed_at_once_and_its_parent
     assert [e["status"] for e in entries] == ["succeeded", "failed"]
     assert entries[1]["error"] == failed.error["message"]
     assert second.task_id not in [d.task_id for d in list_dead_letters(stack.queues(), store)]  # deleted: it is done
+
+
+def _sqs_retries(state: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in state.get("Retry", []) if any(e.startswith("SQS.") for e in r["ErrorEquals"])]
+
+
+def test_a_fanout_retries_sqs_errors_but_never_a_childs_timeout() -> None:
+    """RunChild retries only SQS's own errors (a throttle, a 5xx: its message was not sent); a
+    child past its timeout (``States.Timeout``) is ``no_report`` at once, never a second run
+    message. WakeParent retries whatever fails: there is nothing after it to catch it, and a
+    parent whose wake is lost waits (the sweeper leaves a waiting parent alone) until an operator
+    wakes it."""
+    states = fanout_definition()["States"]
+    run_child = states["RunChildren"]["ItemProcessor"]["States"]["RunChild"]
+    assert {e for r in run_child["Retry"] for e in r["ErrorEquals"]} == {
+        "SQS.AmazonSQSException",
+        "SQS.SdkClientException",
+    }
+    assert _sqs_retries(run_child) and all(r["BackoffRate"] > 1 for r in run_child["Retry"])
+    wake = states["WakeParent"]
+    assert [r["ErrorEquals"] for r in wake["Retry"]] == [["States.ALL"]]
+    assert all(r["BackoffRate"] > 1 and r["MaxAttempts"] >= 5 for r in wake["Retry"])
+
+
+def test_a_send_sqs_refuses_once_is_tried_again_so_the_child_runs_and_the_parent_wakes(moto_server: Any) -> None:
+    """The real ASL on moto's Step Functions: the child's queue and then the parent's do not
+    exist at the first try (SQS refuses the send, as a throttle or a 5xx would), and each is
+    made once that try has failed. The retry sends the child's run message (not a
+    ``no_report``), the child's report goes through its token, and the wake reaches the parent's
+    queue (the execution does not fail with the parent left waiting)."""
+    from agentq.resources import provision_state_machine
+    from agentq.runtime import session
+
+    from tests.helpers import deployment
+
+    settings = deployment(moto_server)
+    aws = session(settings)
+    sqs = aws.client("sqs", endpoint_url=settings.endpoint_url)
+    sfn = aws.client("stepfunctions", endpoint_url=settings.endpoint_url)
+    base = sqs.get_queue_url(QueueName=settings.names.queue("normal"))["QueueUrl"].rsplit("/", 1)[0]
+    child_queue, parent_queue = f"{settings.names.prefix}-later-child", f"{settings.names.prefix}-later-parent"
+    spawn = {
+        "parent_id": "p1", "spawn_id": "s1", "children": [{"task_id": "c1", "timeout_seconds": 120}],
+        "max_concurrency": 1, "tenant": "acme",
+        "child_queue_url": f"{base}/{child_queue}", "parent_queue_url": f"{base}/{parent_queue}",
+    }  # fmt: skip
+    machine = provision_state_machine(sfn, settings.names)
+    execution = sfn.start_execution(stateMachineArn=machine, input=json.dumps(spawn))["executionArn"]
+
+    def failures() -> int:
+        events = sfn.get_execution_history(executionArn=execution, maxResults=1000)["events"]
+        return len([e for e in events if e["type"] == "TaskFailed"])
+
+    def received(url: str) -> dict[str, Any] | None:
+        got = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1).get("Messages", [])
+        return json.loads(got[0]["Body"]) if got else None
+
+    wait_for(lambda: failures() >= 1, 30, "RunChild's first try failing")
+    child_url = sqs.create_queue(QueueName=child_queue)["QueueUrl"]
+    run = wait_for(lambda: received(child_url), 30, "the child's run message, sent by a retry")
+    assert (run["task_id"], run["kind"]) == ("c1", "run")
+    sfn.send_task_success(taskToken=run["task_token"], output=json.dumps({"task_id": "c1", "status": "succeeded"}))
+    wait_for(lambda: failures() >= 2, 30, "WakeParent's first try failing")
+    parent_url = sqs.create_queue(QueueName=parent_queue)["QueueUrl"]
+    wake = wait_for(lambda: received(parent_url), 30, "the parent's wake, sent by a retry")
+    assert wake == {"task_id": "p1", "kind": "wake", "spawn_id": "s1"}
+    done = wait_for(lambda: (d := sfn.describe_execution(executionArn=execution))["status"] != "RUNNING" and d, 30)
+    assert done["status"] == "SUCCEEDED"
+    events = sfn.get_execution_history(executionArn=execution, maxResults=1000)["events"]
+    entered = [e.get("stateEnteredEventDetails", {}).get("name") for e in events]
+    assert "ChildDidNotReport" not in entered  # the child reported through its token: not given up
