@@ -19,6 +19,7 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from agentq.api.event_hub import AUTHORIZE_ENV
+from agentq.storage.keys import api_key_id_key, task_pk
 from infra.access import payload_objects, table_resources, workspace_objects
 from infra.data import Data
 from infra.functions import FunctionFactory
@@ -60,10 +61,20 @@ def build_events_function(
         description="agentq task event streams (GET /tasks/{id}/events) behind the Lambda Web Adapter",
         extra_layers=[adapter_layer(scope, architecture(function.cfg))],
     )
-    # It reads a task's META, its log (steps, events, claims) and offloaded step bodies; nothing else.
+    # It reads a task's META, its log (steps, events, claims, spawns) and offloaded step bodies,
+    # and, to end an open stream once its key is revoked, that key's id item (APIKEYID#, no key
+    # in it); nothing else. An internet-facing server has no business with the rest of the table
+    # (webhook signing secrets, the APIKEY# items the authorizer reads, idempotency records, the
+    # vault).
     streams.add_to_role_policy(
         iam.PolicyStatement(sid="Table", actions=["dynamodb:GetItem", "dynamodb:Query"],
-                            resources=table_resources(data, indexes=False))
+                            resources=table_resources(data, indexes=False),
+                            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [task_pk("*")]}})
+    )  # fmt: skip
+    streams.add_to_role_policy(
+        iam.PolicyStatement(sid="KeyIds", actions=["dynamodb:GetItem"], resources=table_resources(data, indexes=False),
+                            conditions={"ForAllValues:StringLike":
+                                        {"dynamodb:LeadingKeys": [api_key_id_key("*")["pk"]]}})
     )  # fmt: skip
     streams.add_to_role_policy(
         iam.PolicyStatement(sid="Payloads", actions=["s3:GetObject"], resources=[payload_objects(data)])

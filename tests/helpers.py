@@ -122,6 +122,48 @@ def queue_depth(queues: Any, url: str) -> int:
     )
 
 
+def _tables_of(params: dict[str, Any]) -> set[str]:
+    """The tables a DynamoDB request names."""
+    if "TableName" in params:
+        return {params["TableName"]}
+    if "RequestItems" in params:
+        return set(params["RequestItems"])
+    return {op["TableName"] for item in params.get("TransactItems", []) for op in item.values()}
+
+
+def dynamodb_partitions(monkeypatch: Any, table: str) -> list[tuple[str, set[str]]]:
+    """Every DynamoDB call on ``table`` this process makes from here on (through botocore,
+    unchanged; whatever else the process runs has tables of its own), with the partition keys it
+    names: ``pk`` of its keys and items, ``:pk`` of its key condition. What IAM's
+    ``dynamodb:LeadingKeys`` condition sees, for the tests that a role restricted to some
+    partitions does all its code needs."""
+    import botocore.client
+
+    calls: list[tuple[str, set[str]]] = []
+    original = botocore.client.BaseClient._make_api_call  # type: ignore[attr-defined]
+
+    def walk(value: Any, into: set[str]) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if k in ("pk", ":pk") and isinstance(v, dict) and "S" in v:
+                    into.add(v["S"])
+                else:
+                    walk(v, into)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v, into)
+
+    def recording(client: Any, operation: str, params: dict[str, Any]) -> Any:
+        if client.meta.service_model.service_name == "dynamodb" and table in _tables_of(params):
+            pks: set[str] = set()
+            walk(params, pks)
+            calls.append((operation, pks))
+        return original(client, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recording)
+    return calls
+
+
 def python_process(argv: list[str], env: dict[str, str], **popen: Any) -> subprocess.Popen[str]:
     """``python ARGV`` (``-m MODULE ...``, ``-c CODE ...``, ``SCRIPT ...``) as a process of its own
     (``popen``: stdin, stdout, stderr, text, cwd as for ``Popen``): forked warm from the test

@@ -51,6 +51,7 @@ from agentq.resources import (
     WEBHOOK_VISIBILITY_SECONDS,
     fanout_definition,
 )
+from agentq.storage.keys import task_pk
 from agentq.storage.workers import WORKERS_PK
 from infra.events import ADAPTER_ACCOUNT
 from infra.sandbox import VPC_ACCESS_ACTIONS
@@ -595,6 +596,19 @@ def test_the_authorizer_may_read_only_api_key_items(synth: Synthesized) -> None:
     assert table, "the authorizer reads the table"
     for statement in table:
         assert statement.get("Condition") == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["APIKEY#*"]}}, (
+            statement
+        )
+
+
+def test_the_event_stream_function_may_read_only_task_partitions(synth: Synthesized) -> None:
+    """``GET /tasks/{id}/events`` reads a task's META, log and spawns: ``TASK#<id>`` items only
+    (every call its server makes: tests/test_task_events.py). The function behind it is an
+    internet-facing server: a GetItem on the whole table would let it read a tenant's webhook
+    signing secret (``TENANT#<t>``/``WEBHOOK``), API key items, idempotency records and the vault."""
+    table = [s for s in _role_statements(synth, "events") if any(a.startswith("dynamodb:") for a in _as_list(s["Action"]))]  # fmt: skip
+    assert table, "the events function reads the table"
+    for statement in table:
+        assert statement.get("Condition") == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [task_pk("*")]}}, (
             statement
         )
 

@@ -229,3 +229,42 @@ def test_behind_the_web_adapter_the_tenant_is_the_authorizers_from_the_request_c
     # no request context: refused before the handler runs (it is never called)
     status, _, body = dispatch(None, context_tenant, "GET", f"/tasks/{'0' * 32}/events", {}, None)
     assert status == 401 and json.loads(body)["error"]["code"] == "unauthorized"
+
+
+def test_the_event_stream_function_reads_the_table_only_in_the_watched_tasks_partition(
+    moto_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The events function's role may read only ``TASK#`` partitions (``infra/events.py``): it is
+    an internet-facing server, and the rest of the table holds tenants' webhook signing secrets,
+    API key items, idempotency records and the vault. Its server, built here as
+    ``functions/events/server.py`` builds it (the API's app, the hub, the tenant from the
+    request context), answers a task's JSON page, its tree's and its stream with every table
+    call naming that task's partition and no other."""
+    from agentq.api.app import build_app
+    from agentq.api.event_hub import EventHub
+    from agentq.api.http_server import REQUEST_CONTEXT, ApiServer, context_tenant
+    from agentq.control.submit import submit
+    from agentq.core.engine import Engine, EngineConfig
+    from agentq.runtime import build_fanout, build_mcp, build_queues, build_registry, build_store
+
+    from tests.helpers import deployment, dynamodb_partitions, scripted
+
+    settings = deployment(moto_server)
+    store, registry, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    task = submit(store, registry, scripted([{"text": "done"}]), tenant="acme", queues=queues)
+    Engine(store, worker_id="w:1", tools=registry, config=EngineConfig(lease_seconds=5)).run(task.task_id)
+    app = build_app(store, registry, queues, build_fanout(settings), default_tenant=None,
+                    defaults=settings.defaults, mcp=build_mcp())  # fmt: skip
+    server = ApiServer(app.resolve, authorizer=context_tenant, hub=EventHub(store)).start()
+    calls = dynamodb_partitions(monkeypatch, settings.names.table)
+    context = json.dumps({"authorizer": {"tenant": "acme"}})
+    try:
+        for query, accept in (("", "application/json"), ("?tree=true", "application/json"), ("", "text/event-stream")):
+            req = urllib.request.Request(f"{server.url}/tasks/{task.task_id}/events{query}",
+                                         headers={"Accept": accept, REQUEST_CONTEXT: context})  # fmt: skip
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                assert resp.status == 200 and resp.read()
+    finally:
+        server.stop()
+    assert calls, "no table call recorded"
+    assert all(pks and all(pk == f"TASK#{task.task_id}" for pk in pks) for _, pks in calls), calls
