@@ -182,8 +182,15 @@ def build_reaper(
         reserved=None,
         description="agentq reaper: purges a task's items and payloads once TTL deleted its META",
     )
+    # Only in task partitions: what a purge deletes is TASK#<id> (storage/purge.py), never a
+    # tenant's API keys, limits, secrets or vault items.
     reaper.add_to_role_policy(
-        iam.PolicyStatement(sid="PurgeTaskItems", actions=REAPER_TABLE_ACTIONS, resources=[data.table.table_arn])
+        iam.PolicyStatement(
+            sid="PurgeTaskItems",
+            actions=REAPER_TABLE_ACTIONS,
+            resources=[data.table.table_arn],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [task_pk("*")]}},
+        )
     )
     reaper.add_to_role_policy(
         iam.PolicyStatement(sid="DeletePayloads", actions=REAPER_PAYLOAD_ACTIONS, resources=[payload_objects(data)])

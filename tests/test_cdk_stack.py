@@ -697,12 +697,15 @@ def test_a_failing_reaper_batch_is_bisected_retried_then_dead_lettered(
 
 
 def test_the_reaper_may_delete_task_items_and_payloads_and_nothing_else(synth: Synthesized) -> None:
+    """Only in task partitions (``TASK#*``: every call a purge makes, tests/test_retention.py):
+    not a tenant's API keys, limits, secrets or vault items."""
     table_id, _ = _one(synth, "AWS::DynamoDB::Table")
     bucket_id = next(lid for lid in synth.resources("AWS::S3::Bucket") if lid.startswith("Payloads"))
     statements = {s.get("Sid"): s for s in _role_statements(synth, "reaper")}
     purge = statements["PurgeTaskItems"]
     assert sorted(_as_list(purge["Action"])) == ["dynamodb:BatchWriteItem", "dynamodb:DeleteItem", "dynamodb:Query"]
     assert purge["Resource"] == {"Fn::GetAtt": [table_id, "Arn"]}  # the table, not its indexes
+    assert purge["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [task_pk("*")]}}
     delete = statements["DeletePayloads"]
     assert delete["Action"] == "s3:DeleteObject"
     assert delete["Resource"] == {"Fn::Join": ["", [{"Fn::GetAtt": [bucket_id, "Arn"]}, f"/{PAYLOAD_PREFIX}*"]]}

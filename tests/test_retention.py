@@ -35,7 +35,7 @@ from agentq.storage.serdes import from_item, to_item, to_values
 from agentq.storage.tasks import DAY_SECONDS, FORK_PENDING_SECONDS
 
 from tests.conftest import child_env
-from tests.helpers import call, dynamo, run_python, s3_payloads, scripted
+from tests.helpers import call, dynamo, dynamodb_partitions, run_python, s3_payloads, scripted
 from tests.lambda_support import FakeLambdaContext, load_handler
 
 RETENTION_DAYS = 2
@@ -559,6 +559,26 @@ def test_the_reaper_purges_a_task_from_the_stream_record_of_its_ttl_deletion(
     assert _everything_of(store, survivor) == survivor_before
     # ...and delivered again (a retried batch), it is a no-op.
     assert reaper.lambda_handler(event, FakeLambdaContext(60)) == {"batchItemFailures": []}
+
+
+def test_the_reaper_touches_the_table_only_in_the_expired_tasks_partition(
+    streamed: tuple[Settings, Storage, str], reaper: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reaper's role may delete only in ``TASK#`` partitions (``infra/background.py``), not a
+    tenant's API keys, limits, secrets or vault items: every table call of a purge (the rest of
+    the partition queried and batch-deleted, META's conditional delete) names the expired task's
+    partition and no other."""
+    settings, store, stream_arn = streamed
+    doomed = _finished_task_with_everything(store, settings)
+    dynamo(store).client.delete_item(TableName=store.table.name, Key=to_item({"pk": task_pk(doomed), "sk": META}))
+    record = _removal_of(_stream_records(settings, stream_arn), task_pk(doomed), META)
+    calls = dynamodb_partitions(monkeypatch, store.table.name)
+    event = {"Records": [_lambda_record(record, stream_arn, by_ttl=True)]}
+    assert reaper.lambda_handler(event, FakeLambdaContext(60)) == {"batchItemFailures": []}
+    reaper_calls = list(calls)  # the checks below read the table too
+    assert _everything_of(store, doomed) == ([], False, [])
+    assert {op for op, _ in reaper_calls} >= {"Query", "BatchWriteItem", "DeleteItem"}
+    assert all(pks == {task_pk(doomed)} for _, pks in reaper_calls), reaper_calls
 
 
 def test_the_reaper_ignores_inserts_updates_other_removals_and_deletes_by_callers(
