@@ -129,6 +129,14 @@ def _rest_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> tup
             authorizer=authorizer, authorization_type=apigw.AuthorizationType.CUSTOM
         ),
     )
+    # Execution logs (ERROR: a failed invoke, a configuration error, what the access log line
+    # cannot say) go to a group API Gateway names and, when no stack owns it, makes itself with
+    # no retention. Owned here, kept as every other; the stage waits for it, so API Gateway never
+    # makes it first. (The stage's name, not its token: the group would then wait on the stage.)
+    execution_logs = log_group(
+        scope, "ApiExecutionLogs", cfg, name=f"API-Gateway-Execution-Logs_{rest_api.rest_api_id}/{a.stage_name}"
+    )
+    rest_api.deployment_stage.node.add_dependency(execution_logs)
     return rest_api, access_logs
 
 

@@ -30,10 +30,15 @@ def removal_policy(cfg: EnvironmentSettings) -> cdk.RemovalPolicy:
     return cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN
 
 
-def log_group(scope: Construct, construct_id: str, cfg: EnvironmentSettings) -> logs.LogGroup:
-    """A log group kept ``log_retention_days``, and removed with the stack only where ``destroy``."""
+def log_group(scope: Construct, construct_id: str, cfg: EnvironmentSettings, name: str | None = None) -> logs.LogGroup:
+    """A log group kept ``log_retention_days``, and removed with the stack only where ``destroy``;
+    ``name``: where a service writes under a name of its own choosing."""
     return logs.LogGroup(
-        scope, construct_id, retention=log_retention(cfg.log_retention_days), removal_policy=removal_policy(cfg)
+        scope,
+        construct_id,
+        log_group_name=name,
+        retention=log_retention(cfg.log_retention_days),
+        removal_policy=removal_policy(cfg),
     )
 
 

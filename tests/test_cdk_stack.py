@@ -921,6 +921,31 @@ def test_api_needs_a_key_everywhere_but_health_and_openapi_and_leaves_validation
     assert bool(synth.resources("AWS::WAFv2::WebACLAssociation")) is cfg.api.waf
 
 
+def test_the_apis_execution_logs_go_to_a_log_group_the_stack_owns_kept_for_the_environments_retention(
+    synth: Synthesized,
+) -> None:
+    """Execution logging (ERROR) writes to ``API-Gateway-Execution-Logs_<api id>/<stage>``, which
+    API Gateway makes itself with no retention (kept for ever) when no stack owns it. The stack
+    declares it, kept ``log_retention_days`` and removed with the stack where ``destroy``, and
+    the stage waits for it, so API Gateway never makes it first."""
+    cfg = settings_of(synth.env_name)
+    api_id, _ = _one(synth, "AWS::ApiGateway::RestApi")
+    stage_id, stage = _one(synth, "AWS::ApiGateway::Stage")
+    assert any(m.get("LoggingLevel") == "ERROR" for m in stage["Properties"]["MethodSettings"])
+    execution = [
+        (lid, group) for lid, group in synth.resources("AWS::Logs::LogGroup").items()
+        if "API-Gateway-Execution-Logs_" in json.dumps(group["Properties"].get("LogGroupName"))
+    ]  # fmt: skip
+    assert len(execution) == 1, "no log group of the API's execution logs"
+    ((group_id, group),) = execution
+    name = group["Properties"]["LogGroupName"]["Fn::Join"]
+    rendered = name[0].join(p if isinstance(p, str) else f"<{p['Ref']}>" for p in name[1])
+    assert rendered == f"API-Gateway-Execution-Logs_<{api_id}>/{cfg.api.stage_name}"
+    assert group["Properties"]["RetentionInDays"] == cfg.log_retention_days
+    assert group["DeletionPolicy"] == ("Delete" if cfg.destroy else "Retain")
+    assert group_id in _as_list(synth.template["Resources"][stage_id].get("DependsOn", []))
+
+
 # -- observability ---------------------------------------------------------------------------
 
 
