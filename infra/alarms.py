@@ -27,6 +27,8 @@ from infra.metrics import FIVE_MINUTES, ONE_MINUTE, agentq_metric, executor_erro
 from infra.retention import removal_policy
 from infra.settings import EnvironmentSettings
 
+REAPER_BEHIND_SECONDS = 3600  # the age of the reaper's stream records that alarms: an hour of the stream's 24
+
 
 def alarm_topic(scope: Construct, cfg: EnvironmentSettings) -> sns.Topic:
     """CloudWatch cannot publish to a topic under the AWS-managed SNS key: a key of our own
@@ -128,6 +130,16 @@ def queue_alarms(alarm: AlarmFactory, cfg: EnvironmentSettings, data: Data, fns:
         cfg.alarms.dlq_messages,
         "the reaper gave up on a stream batch: some expired tasks' items and payloads were not deleted. "
         "Runbook: docs/DEPLOY.md#runbook-a-message-in-the-reaper-dlq",
+    )
+    # The stream keeps a record 24 h: a reaper that falls behind (throttled, failing before its
+    # retries count) loses what the stream drops, silently; the DLQ sees only batches given up.
+    alarm(
+        "ReaperIteratorAge",
+        fns.reaper.metric("IteratorAge", period=FIVE_MINUTES, statistic="Maximum"),
+        REAPER_BEHIND_SECONDS * 1000,  # Lambda reports it in milliseconds
+        f"the reaper reads table stream records over {REAPER_BEHIND_SECONDS // 3600} h old: it is falling behind "
+        "(throttled, or failing), and a record the stream drops at 24 h is an expired task never purged. Read "
+        "its log group and its throttles; runbook: docs/DEPLOY.md#runbook-a-message-in-the-reaper-dlq",
     )
     # The sweeper runs from a schedule with no retry of EventBridge's, no DLQ and no destination:
     # a failing sweep is seen nowhere else, and it is what resumes a task whose message was lost.

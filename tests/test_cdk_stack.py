@@ -1011,6 +1011,23 @@ def test_a_sweeper_that_fails_alarms(synth: Synthesized) -> None:
     assert alarm["Period"] == cfg.sweeper.every_minutes * 60
 
 
+def test_a_reaper_that_falls_an_hour_behind_its_stream_alarms_long_before_the_stream_drops_a_record(
+    synth: Synthesized,
+) -> None:
+    """The table's stream keeps a record 24 hours: a reaper that falls behind (throttled, or
+    failing before its retries count) loses what the stream drops, and an expired task whose TTL
+    record is gone is never purged. The reaper DLQ's alarm sees only the batches it gave up on;
+    the age of the records it reads shows falling behind, at an hour."""
+    cfg = settings_of(synth.env_name)
+    reaper_id, _ = _function(synth, "reaper")
+    alarm = _alarms(synth)[f"{cfg.prefix}-reaper-iterator-age"]
+    assert _metric(alarm) == ("AWS/Lambda", "IteratorAge", "Maximum")
+    assert alarm["Dimensions"] == [{"Name": "FunctionName", "Value": {"Ref": reaper_id}}]
+    assert alarm["Threshold"] == 3_600_000  # milliseconds: an hour, of the stream's 24
+    assert alarm["Period"] * alarm["EvaluationPeriods"] <= 15 * 60
+    assert alarm["AlarmActions"] and alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+
+
 def documented_alarms(prefix: str) -> set[str]:
     """The alarm names docs/DEPLOY.md's table lists, for ``prefix``: a cell's `{prefix}-...`
     names, its `-...` shorthands of the same prefix, ``{tier}`` and ``{scope}`` expanded."""
