@@ -30,6 +30,10 @@ from agentq.resources import (
 from infra.retention import removal_policy
 from infra.settings import EnvironmentSettings
 
+# The table's point-in-time recovery window, and how long the payload bucket of a retained
+# environment keeps what was deleted or replaced: a restored table finds the objects it names.
+RECOVERY_DAYS = 35
+
 
 def table_attribute_types() -> dict[str, str]:
     return {a["AttributeName"]: a["AttributeType"] for a in TABLE_ATTRIBUTES}
@@ -95,7 +99,7 @@ def _table(scope: Construct, cfg: EnvironmentSettings) -> dynamodb.Table:
         billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
         encryption=dynamodb.TableEncryption.AWS_MANAGED,
         point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
-            point_in_time_recovery_enabled=True
+            point_in_time_recovery_enabled=True, recovery_period_in_days=RECOVERY_DAYS
         ),
         time_to_live_attribute=TTL_ATTRIBUTE,
         # The reaper's trigger: TTL deletions of task META (infra/background.py filters the rest).
@@ -121,8 +125,25 @@ def _buckets(scope: Construct, cfg: EnvironmentSettings) -> tuple[s3.Bucket, s3.
     No lifecycle rule expires ``PAYLOAD_PREFIX``: a task's payloads go with the task (the reaper,
     when its record expires; ``agentq purge``), never by their age, since a task may live on past
     any age counted from an object's creation (a conversation reopened, a pause): a committed
-    step's files are never lost."""
+    step's files are never lost.
+
+    In a retained environment the bucket is versioned, and what was deleted (the reaper, a purge,
+    a mistake) or replaced stays as a noncurrent version for the table's PITR window
+    (``RECOVERY_DAYS``), then expires with its delete marker: a table restored to any point of
+    the window finds the objects its items name. Only noncurrent versions expire."""
     removal = removal_policy(cfg)
+    retained = not cfg.destroy
+    payload_rules = [
+        s3.LifecycleRule(id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=cdk.Duration.days(1))
+    ]
+    if retained:
+        payload_rules.append(
+            s3.LifecycleRule(
+                id="expire-noncurrent-versions",
+                noncurrent_version_expiration=cdk.Duration.days(RECOVERY_DAYS),
+                expired_object_delete_marker=True,
+            )
+        )
     # Server access logs of the payload bucket. It cannot log to itself (a loop), which is the
     # one cdk-nag S1 acknowledgement in infra/nag.py.
     access_logs = s3.Bucket(
@@ -149,11 +170,8 @@ def _buckets(scope: Construct, cfg: EnvironmentSettings) -> tuple[s3.Bucket, s3.
         object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
         server_access_logs_bucket=access_logs,
         server_access_logs_prefix="payloads/",
-        lifecycle_rules=[
-            s3.LifecycleRule(
-                id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=cdk.Duration.days(1)
-            ),
-        ],
+        versioned=retained,
+        lifecycle_rules=payload_rules,
         removal_policy=removal,
         auto_delete_objects=cfg.destroy,
     )

@@ -295,15 +295,19 @@ def test_payload_bucket_is_private_encrypted_tls_only_and_never_expires_a_payloa
                 "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True,
             },
             "LoggingConfiguration": Match.object_like({"LogFilePrefix": "payloads/"}),
-            # Only unfinished uploads are aborted: no rule expires a task's payloads by their age,
+            # Unfinished uploads are aborted: no rule expires a task's payloads by their age,
             # which would lose a live task's (a conversation reopened past it); the reaper deletes
             # them with the task. Nor a tenant's uploads (tasks/.uploads/), which the tasks naming
-            # one read for their whole life.
+            # one read for their whole life. (Only what was deleted or replaced expires, in a
+            # retained environment: the test below.)
             "LifecycleConfiguration": {
-                "Rules": [{"Id": "abort-incomplete-uploads", "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}, "Status": "Enabled"}]
+                "Rules": Match.array_with([{"Id": "abort-incomplete-uploads", "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}, "Status": "Enabled"}])
             },
         },
     )  # fmt: skip
+    (payloads,) = [r for lid, r in synth.resources("AWS::S3::Bucket").items() if lid.startswith("Payloads")]
+    for rule in payloads["Properties"]["LifecycleConfiguration"]["Rules"]:
+        assert not {"ExpirationInDays", "ExpirationDate", "Transitions"} & set(rule), rule  # a current object stays
     # Every bucket denies plain HTTP.
     for lid in synth.resources("AWS::S3::Bucket"):
         template.has_resource_properties(
@@ -325,6 +329,29 @@ def test_payload_bucket_is_private_encrypted_tls_only_and_never_expires_a_payloa
                 },
             },
         )
+
+
+def test_in_a_retained_environment_the_payload_bucket_keeps_what_was_deleted_or_replaced_as_long_as_the_tables_pitr(
+    synth: Synthesized,
+) -> None:
+    """The table can be restored to any point of its PITR window; the step bodies and workspace
+    objects its items name (``tasks/<id>/...``) must be there too, so the bucket is versioned and
+    keeps a deleted or replaced object (a noncurrent version) exactly that long, and cleans up
+    the delete markers left with nothing behind them. What is current never expires by age
+    (above). A dev environment (``destroy``) keeps nothing: no versioning."""
+    cfg = settings_of(synth.env_name)
+    _, table = _one(synth, "AWS::DynamoDB::Table")
+    pitr = table["Properties"]["PointInTimeRecoverySpecification"]
+    (payloads,) = [r for lid, r in synth.resources("AWS::S3::Bucket").items() if lid.startswith("Payloads")]
+    props = payloads["Properties"]
+    noncurrent = [r for r in props["LifecycleConfiguration"]["Rules"] if "NoncurrentVersionExpiration" in r]
+    if cfg.destroy:
+        assert "VersioningConfiguration" not in props and not noncurrent
+        return
+    assert pitr == {"PointInTimeRecoveryEnabled": True, "RecoveryPeriodInDays": 35}
+    assert props["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert noncurrent == [{"Id": "expire-noncurrent-versions", "Status": "Enabled", "ExpiredObjectDeleteMarker": True,
+                           "NoncurrentVersionExpiration": {"NoncurrentDays": pitr["RecoveryPeriodInDays"]}}]  # fmt: skip
 
 
 @pytest.mark.parametrize(
