@@ -1600,6 +1600,19 @@ def test_the_worker_runs_as_non_root_read_only_without_capabilities_in_private_s
     assert any("dynamodb" in e for e in endpoints) and any(".s3" in e for e in endpoints)
 
 
+def test_deploy_md_says_where_the_worker_runs_as_the_stack_puts_it(worker_synth: Synthesized) -> None:
+    """The worker's row in DEPLOY.md is what an operator reads before opening a security group
+    or budgeting a NAT gateway: private subnets (above), leaving through NAT gateway(s)."""
+    assert worker_synth.resources("AWS::EC2::NatGateway")
+    (row,) = [
+        line
+        for line in (ROOT / "docs" / "DEPLOY.md").read_text().splitlines()
+        if line.startswith("| worker (optional)")
+    ]
+    assert "public subnets" not in row and "without NAT" not in row, row
+    assert "private subnets" in row and "NAT gateway" in row, row
+
+
 def synth_subnet_is_private(synth: Synthesized, subnet: str) -> bool:
     """No public IPs on launch, and its default route leads to a NAT gateway, not the internet gateway."""
     props = synth.template["Resources"][subnet]["Properties"]
