@@ -532,3 +532,22 @@ def test_a_cli_redrive_moves_each_dead_letter_once_and_returns_while_a_worker_de
     assert [(r.method, r.moved) for r in reports] == [("receive/send/delete", n)], reports
     assert len(applied) == n and {a.kind for _, a in applied} == {"dead_letter"}  # each handled once
     assert queue_depth(queues, queues.dlq_url(TIER)) == n
+
+
+def test_the_runbooks_console_redrive_names_the_tier_queue_as_its_destination_not_the_source_queues() -> None:
+    """Most messages in a tier DLQ were sent there by agentq, with their reason
+    (``TaskQueues.dead_letter``), not moved by the queue's redrive policy; SQS's "redrive to
+    source" sends a message back to the queue it was moved from, which it knows only for a
+    message its redrive policy moved. So the console step an operator follows names the tier
+    queue as a custom destination, as ``agentq dlq redrive`` does (``DestinationArn``)."""
+    from pathlib import Path
+
+    runbook = (
+        (Path(__file__).resolve().parent.parent / "docs" / "DEPLOY.md")
+        .read_text()
+        .split("## Runbook: redriving a DLQ", 1)[1]
+        .split("\n## ", 1)[0]
+    )
+    console = " ".join(runbook.split("**Redrive from the console:**", 1)[1].split("\n\n", 1)[0].split())
+    assert "*Redrive to a custom destination* → the tier's queue, `{prefix}-{tier}`" in console, console
+    assert "`{prefix}-workspace-{tier}` for a workspace DLQ" in console, console
