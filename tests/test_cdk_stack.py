@@ -51,7 +51,7 @@ from agentq.resources import (
     WEBHOOK_VISIBILITY_SECONDS,
     fanout_definition,
 )
-from agentq.storage.keys import task_pk
+from agentq.storage.keys import api_key_id_key, task_pk
 from agentq.storage.workers import WORKERS_PK
 from infra.events import ADAPTER_ACCOUNT
 from infra.sandbox import VPC_ACCESS_ACTIONS
@@ -627,17 +627,22 @@ def test_the_authorizer_may_read_only_api_key_items(synth: Synthesized) -> None:
         )
 
 
-def test_the_event_stream_function_may_read_only_task_partitions(synth: Synthesized) -> None:
+def test_the_event_stream_function_may_read_only_task_partitions_and_key_ids(synth: Synthesized) -> None:
     """``GET /tasks/{id}/events`` reads a task's META, log and spawns: ``TASK#<id>`` items only
-    (every call its server makes: tests/test_task_events.py). The function behind it is an
-    internet-facing server: a GetItem on the whole table would let it read a tenant's webhook
-    signing secret (``TENANT#<t>``/``WEBHOOK``), API key items, idempotency records and the vault."""
+    (every call its server makes: tests/test_task_events.py), and, to end an open stream once
+    its key is revoked, that key's id item (``APIKEYID#<id>``, GetItem only: no key in it). The
+    function behind it is an internet-facing server: a GetItem on the whole table would let it
+    read a tenant's webhook signing secret (``TENANT#<t>``/``WEBHOOK``), the ``APIKEY#`` items the
+    authorizer reads, idempotency records and the vault."""
     table = [s for s in _role_statements(synth, "events") if any(a.startswith("dynamodb:") for a in _as_list(s["Action"]))]  # fmt: skip
     assert table, "the events function reads the table"
+    allowed = {
+        "TASK#*": {"dynamodb:GetItem", "dynamodb:Query"},
+        api_key_id_key("*")["pk"]: {"dynamodb:GetItem"},
+    }
     for statement in table:
-        assert statement.get("Condition") == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [task_pk("*")]}}, (
-            statement
-        )
+        [leading] = statement["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
+        assert leading in allowed and set(_as_list(statement["Action"])) <= allowed[leading], statement
 
 
 def test_table_and_payload_grants_name_this_environments_resources(synth: Synthesized) -> None:

@@ -242,7 +242,8 @@ def test_the_event_stream_function_reads_the_table_only_in_the_watched_tasks_par
     call naming that task's partition and no other."""
     from agentq.api.app import build_app
     from agentq.api.event_hub import EventHub
-    from agentq.api.http_server import REQUEST_CONTEXT, ApiServer, context_tenant
+    from agentq.api.gateway_proxy import REQUEST_CONTEXT
+    from agentq.api.http_server import ApiServer, context_tenant
     from agentq.control.submit import submit
     from agentq.core.engine import Engine, EngineConfig
     from agentq.runtime import build_fanout, build_mcp, build_queues, build_registry, build_store
