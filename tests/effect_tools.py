@@ -80,6 +80,27 @@ def grader_nonsense(given: GradeInput) -> object:
 
 
 @grader
+def grader_huge(given: GradeInput) -> int:
+    """A grader whose score is too large for a float (``math.isfinite`` raised OverflowError on it)."""
+    _graded("grader_huge", given)
+    return 10**400
+
+
+class _Unreadable(float):
+    """A score no comparison can read: a grader's own type whose ``>=`` raises."""
+
+    def __ge__(self, other: object) -> bool:
+        raise ValueError("this score cannot be compared")
+
+
+@grader
+def grader_unreadable(given: GradeInput) -> float:
+    """A grader returning a score that raises as it is read: no check foresees it (the safety net)."""
+    _graded("grader_unreadable", given)
+    return _Unreadable(0.5)
+
+
+@grader
 def grader_slow(given: GradeInput) -> float:
     """A grader that runs past its outcome's timeout."""
     _graded("grader_slow", given)

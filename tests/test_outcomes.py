@@ -86,7 +86,7 @@ def test_an_answer_that_never_reaches_the_bar_ends_failed_outcome_with_the_last_
 @pytest.mark.parametrize(
     ("name", "code"),
     [("grader_raises", "grader_failed"), ("grader_nonsense", "grader_invalid"), ("grader_slow", "grader_timeout"),
-     ("no_such_grader", "grader_unknown")],
+     ("no_such_grader", "grader_unknown"), ("grader_huge", "grader_invalid"), ("grader_unreadable", "grader_failed")],
 )  # fmt: skip
 def test_a_grader_that_fails_is_a_recorded_error_and_the_answer_is_kept(
     store: Storage, registry: ToolRegistry, name: str, code: str, monkeypatch: pytest.MonkeyPatch
@@ -101,6 +101,23 @@ def test_a_grader_that_fails_is_a_recorded_error_and_the_answer_is_kept(
     assert task.error is not None and task.error["code"] == code, task.error
     (grade,) = grades(store, task_id)
     assert grade.error is not None and grade.score is None and not grade.passed
+
+
+@pytest.mark.parametrize("reply", ['{"score": 1' + "0" * 400 + "}", '{"score": -1' + "0" * 400 + ', "feedback": "x"}'])
+def test_a_grading_models_score_too_large_for_a_float_is_grader_invalid_and_the_answer_is_kept(
+    store: Storage, registry: ToolRegistry, reply: str
+) -> None:
+    """``math.isfinite`` raised OverflowError on a 401-digit score: the run crashed, its retry found
+    the grade begun and never finished (``grader_interrupted``) and the call's usage unrecorded."""
+    task_id, result = _run(
+        store, registry, _task(["my answer"], {"rubric": "Say DONE.", "script": {"turns": [{"text": reply}]}})
+    )
+    assert result.status is TaskStatus.FAILED_OUTCOME, result
+    task = store.tasks.get(task_id)
+    assert task.result == "my answer"
+    assert task.error is not None and task.error["code"] == "grader_invalid", task.error
+    (grade,) = grades(store, task_id)
+    assert grade.score is None and grade.usage.total > 0  # the grading call's tokens were spent: counted
 
 
 def test_a_rubric_is_graded_by_the_grading_model_and_its_tokens_count_in_the_budget_apart(
@@ -211,6 +228,19 @@ def test_an_agents_outcome_is_graded_for_its_tasks_and_shown_on_the_view_trace_a
     shown = status_block(TaskView.model_validate(ended))
     assert "status    failed_outcome" in shown
     assert "grade     below the bar: 0.20 (bar 0.80), attempt 1 of 1; feedback: The answer must say DONE." in shown
+
+
+def test_on_the_stack_a_grading_models_score_too_large_for_a_float_ends_the_task_grader_invalid_at_once(
+    api_stack: Any,
+) -> None:
+    reply = '{"score": 1' + "0" * 400 + "}"
+    task_id = api_stack.submit({"goal": "g", "provider": "scripted", "script": {"turns": [{"text": "my answer"}]},
+                                "outcome": {"rubric": "Say DONE.", "script": {"turns": [{"text": reply}]}}})  # fmt: skip
+    view = api_stack.until(task_id, lambda v: v["status"] in ("failed_outcome", "failed", "succeeded"), timeout=90)
+    assert view["status"] == "failed_outcome", view
+    assert view["result"] == "my answer"
+    assert view["error"]["code"] == "grader_invalid", view["error"]  # not grader_interrupted after a retry
+    assert view["grade"]["grades"] == 1 and view["grade"]["tokens_in"] > 0, view["grade"]
 
 
 def test_each_grade_is_a_gen_ai_evaluation_result_event_on_its_steps_span(

@@ -58,7 +58,13 @@ def score_of(returned: Any) -> tuple[float, str]:
         raise GradeError("grader_invalid", f"feedback must be a string, got {type(feedback).__name__}")
     if isinstance(value, bool):
         return (1.0 if value else 0.0), feedback[:MAX_FEEDBACK_CHARS]
-    if not isinstance(value, int | float) or not math.isfinite(value) or not 0 <= value <= 1:
+    # An int is compared exactly: ``math.isfinite`` turns it into a float first, and one too large
+    # for a float (``10**400``, or a 401-digit score in a grading model's JSON) raised OverflowError.
+    if (
+        not isinstance(value, int | float)
+        or (isinstance(value, float) and not math.isfinite(value))
+        or not 0 <= value <= 1
+    ):
         raise GradeError(
             "grader_invalid",
             f"returned {_shown(returned)}; a grade is True/False, a score from 0 to 1, (score, feedback) "
@@ -68,7 +74,25 @@ def score_of(returned: Any) -> tuple[float, str]:
 
 
 def _shown(value: Any) -> str:
-    return repr(value)[:200]
+    try:
+        return repr(value)[:200]
+    except Exception:  # an int past Python's 4,300 digits, an object whose __repr__ raises
+        return f"a {type(value).__name__} that cannot be shown"
+
+
+def judge_fault(exc: Exception, what: str) -> GradeError:
+    """``exc`` as the grade's error: a ``GradeError`` as it is, any other ``grader_failed`` naming
+    it. The grade turn's safety net around reading what a judge returned (``score_of``,
+    ``parse_rubric_grade``): an exception no check foresaw, let through, crashed the run, its
+    message's retry found the grade begun and never finished (``grader_interrupted``), and the
+    usage of a grading call that had answered was never recorded."""
+    if isinstance(exc, GradeError):
+        return exc
+    try:
+        said = str(exc)
+    except Exception:  # an exception a grader's own object raised, with a __str__ that raises too
+        said = "(its message cannot be shown)"
+    return GradeError("grader_failed", f"{what} failed: {type(exc).__name__}: {said}")
 
 
 def within(seconds: float, what: str, fn: Callable[[], Any]) -> Any:

@@ -47,6 +47,7 @@ from agentq.core.grading import (
     RUBRIC_SYSTEM,
     GradeError,
     feedback_message,
+    judge_fault,
     parse_rubric_grade,
     rubric_prompt,
     score_of,
@@ -236,9 +237,10 @@ class GradeTurn:
                 attempt=attempt, files=WorkspaceFiles(ws.directory) if ws is not None else None,
             )  # fmt: skip
             score, feedback = score_of(within(outcome.timeout_seconds, f"grader {name!r}", lambda: spec(given)))
-        except GradeError as exc:
+        except Exception as exc:  # a GradeError, or a fault no check foresaw: recorded, never a crash of the run
+            failed = judge_fault(exc, f"grader {name!r}")
             took = int((time.time() - started) * 1000)
-            return GradeCheck(kind="code", name=name, feedback=exc.message, duration_ms=took), exc.to_dict()
+            return GradeCheck(kind="code", name=name, feedback=failed.message, duration_ms=took), failed.to_dict()
         took = int((time.time() - started) * 1000)
         return GradeCheck(kind="code", name=name, score=score, feedback=feedback, duration_ms=took), None
 
@@ -276,12 +278,13 @@ class GradeTurn:
         cost = call_cost(self.prices, provider, response.model or model, model, response,
                          hold_usd=dollars(held.micros) if held else None, task_id=s.task_id)  # fmt: skip
         took = int((time.time() - started) * 1000)
-        text = "\n".join(b["text"] for b in response.content if b.get("type") == "text" and b.get("text"))
         spent = {"usage": response.usage, "cost_usd": cost, "duration_ms": took}
         try:
+            text = "\n".join(b["text"] for b in response.content if b.get("type") == "text" and b.get("text"))
             score, feedback = parse_rubric_grade(text)
-        except GradeError as exc:  # the tokens were spent all the same: counted
-            return GradeCheck(kind="rubric", name=name, feedback=exc.message, **spent), exc.to_dict()
+        except Exception as exc:  # not a grade, or a fault reading it: the tokens were spent all the same, counted
+            failed = judge_fault(exc, "reading the grading model's answer")
+            return GradeCheck(kind="rubric", name=name, feedback=failed.message, **spent), failed.to_dict()
         return GradeCheck(kind="rubric", name=name, score=score, feedback=feedback, **spent), None
 
     def commit(
