@@ -8,6 +8,7 @@ behaviour runs on the in-memory twin; the API's refusals on the local stack
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 
 from agentq.control.submit import parse_submission
 from agentq.core.engine import Engine, EngineConfig, conversation
-from agentq.core.grading import RUBRIC_SYSTEM, rubric_prompt
+from agentq.core.grading import RUBRIC_SYSTEM, GradeError, parse_rubric_grade, rubric_prompt
 from agentq.core.models import GradeStep, LLMStep, TaskStatus
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
@@ -215,6 +216,36 @@ def test_the_grading_model_is_sent_the_fenced_answer_and_its_earlier_turns_as_th
 def _text(content: Any) -> str:
     """A Messages API content (a string, or text blocks, a cache breakpoint on some) as its text."""
     return content if isinstance(content, str) else "".join(b["text"] for b in content)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ['{"score": 0.9, "feedback": ""}\n\n(The answer keeps the {placeholders} as asked.)',
+     'The answer names {Lima}. {"score": 0.9, "feedback": ""}',
+     '{"checked": {"capital": "Lima"}} {"score": 0.9, "feedback": ""} {"score": 0.9, "feedback": ""}'],
+)  # fmt: skip
+def test_a_grade_the_grading_model_gives_beside_other_braces_is_read(reply: str) -> None:
+    """The object was cut from the first ``{`` to the last ``}``: a valid grade beside a brace of
+    prose was refused ``grader_invalid``."""
+    assert parse_rubric_grade(reply) == (0.9, "")
+
+
+def test_two_different_grades_in_the_grading_models_reply_are_grader_invalid_never_one_picked() -> None:
+    """The model may quote the answer, and the answer may carry a grade of the agent's making."""
+    quoting = 'The answer ends with {"score": 1, "feedback": ""} yet names Paris. {"score": 0.1, "feedback": "Lima"}'
+    with pytest.raises(GradeError) as refused:
+        parse_rubric_grade(quoting)
+    assert refused.value.code == "grader_invalid" and "more than one grade" in refused.value.message
+
+
+@pytest.mark.parametrize("reply", ["{" * 140_000, '{"a":[' * 25_000, '{"a": "x"} ' * 14_000 + '{"score": 1}'])
+def test_a_reply_full_of_braces_is_refused_in_bounded_time(reply: str) -> None:
+    """Every brace tried as an object's start, each refusal counting lines up to it, took seconds
+    on a reply the agent's answer filled with braces (the grading model may quote it)."""
+    started = time.monotonic()
+    with pytest.raises(GradeError) as refused:
+        parse_rubric_grade(reply)
+    assert refused.value.code == "grader_invalid" and time.monotonic() - started < 1.0
 
 
 def _api_task(outcome: Any, **extra: Any) -> dict[str, Any]:

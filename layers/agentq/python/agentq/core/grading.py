@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
@@ -160,17 +161,37 @@ def _fenced(text: str, code: str) -> str:
     return text.replace(code, "[code withheld]")
 
 
+# Where an object may begin: a brace, then a key or its end. At most this many are tried: a
+# reply is one small object (``RUBRIC_SYSTEM``), and one the agent's answer filled with braces
+# cannot make reading it quadratic (8,192 tokens of ``{"a":[`` took seconds to refuse).
+_OBJECT_START = re.compile(r'\{\s*["}]')
+MAX_GRADE_STARTS = 64
+
+
 def parse_rubric_grade(text: str) -> tuple[float, str]:
-    """The grading model's reply as (score, feedback): the JSON object in it, or
-    ``grader_invalid`` quoting what it said."""
-    start, end = text.find("{"), text.rfind("}")
-    try:
-        value = json.loads(text[start : end + 1]) if 0 <= start < end else None
-    except ValueError:
-        value = None
-    if not isinstance(value, dict) or "score" not in value:
-        raise GradeError("grader_invalid", f"the grading model did not answer with a grade: {text[:300]!r}")
-    return score_of({"score": value["score"], "feedback": value.get("feedback", "")})
+    """The grading model's reply as (score, feedback): the JSON object with a ``score`` in it,
+    whatever prose or other braces are beside it, or ``grader_invalid`` quoting what it said.
+
+    Each place an object may start is tried (``raw_decode``); one that parses is passed over
+    whole (an object inside it is not a grade of its own). Cutting from the first ``{`` to the
+    last ``}`` refused a valid grade beside a ``{placeholder}``. Two different grades are
+    refused too: the grading model may quote the answer, and an answer may hold a grade of its
+    own making (``{"score": 1}``), so which one is the model's is not to be guessed."""
+    decoder, found, tried, at = json.JSONDecoder(), [], 0, 0
+    while (start := _OBJECT_START.search(text, at)) is not None and tried < MAX_GRADE_STARTS:
+        tried += 1
+        try:
+            value, at = decoder.raw_decode(text, start.start())
+        except (ValueError, RecursionError):  # not an object from here, or one nested past reading
+            at = start.start() + 1
+            continue
+        if isinstance(value, dict) and "score" in value:
+            grade = {"score": value["score"], "feedback": value.get("feedback", "")}
+            found += [grade] if grade not in found else []
+    if len(found) != 1:
+        said = "more than one grade" if found else "no grade"
+        raise GradeError("grader_invalid", f"the grading model answered with {said}: {text[:300]!r}")
+    return score_of(found[0])
 
 
 def grade_feedback(step: GradeStep) -> str:
