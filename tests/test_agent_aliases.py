@@ -203,6 +203,22 @@ def test_moving_a_task_is_refused_when_it_cannot_be_moved_naming_why(api_stack: 
     assert not [e for e in events["events"] if e["type"] == "agent.moved"]
 
 
+def test_a_move_with_an_unknown_field_is_refused_naming_it_and_moves_nothing(api_stack: ApiStack) -> None:
+    name = f"mover-{uuid.uuid4().hex[:8]}"
+    for text in ("v1", "v2"):
+        agent = {"name": name, "provider": "scripted", "script": {"turns": [{"text": text}] * 3}}
+        assert api_stack.http("POST", "/agents", agent)[0] == 201
+    task_id = api_stack.submit({"goal": "g", "agent": f"{name}@1"})
+    api_stack.until(task_id, lambda v: v["status"] == "succeeded")
+    # a client that believes it can keep the old version's outcome, or misspells a field
+    status, answer, _ = api_stack.http("POST", f"/tasks/{task_id}/agent", {"version": 2, "keep_outcome": True})
+    assert (status, (answer.get("error") or {}).get("field")) == (422, "keep_outcome"), answer
+    _, view, _ = api_stack.http("GET", f"/tasks/{task_id}")
+    assert view["agent"] == f"{name}@1", view  # not moved
+    _, events, _ = api_stack.http("GET", f"/tasks/{task_id}/events?wait=0")
+    assert not [e for e in events["events"] if e["type"] == "agent.moved"], events
+
+
 def test_the_cli_sets_splits_lists_and_deletes_an_alias(api_stack: ApiStack) -> None:
     name = _name()
     for tag in ("v1", "v2"):

@@ -214,3 +214,45 @@ def test_the_document_states_the_rules_the_server_enforces() -> None:
     for ops in DOCUMENT["paths"].values():
         for op in ops.values():
             assert {"414", "431"} <= set(op["responses"]), op["operationId"]
+
+
+def test_every_request_body_of_the_api_refuses_a_field_it_does_not_know() -> None:
+    """Every object a request body holds, at any depth, is strict (``additionalProperties:
+    false``, a model with ``extra="forbid"``): a misspelt or imagined field is a 422 naming it,
+    never dropped while the request goes through. ``POST /tasks/{id}/agent``'s body was read
+    leniently (a response model's base), and ``{"version": 2, "keep_outcome": true}`` moved the
+    task. This walks the document the routes generate, so a body added later is held to it."""
+    schemas = DOCUMENT["components"]["schemas"]
+    lenient: set[str] = set()
+    seen: set[str] = set()
+
+    def walk(schema: Any, where: str) -> None:
+        if isinstance(schema, list):
+            for item in schema:
+                walk(item, where)
+            return
+        if not isinstance(schema, dict):
+            return
+        if "$ref" in schema:
+            name = schema["$ref"].rsplit("/", 1)[-1]
+            if name not in seen:
+                seen.add(name)
+                walk(schemas[name], name)
+            return
+        if (
+            schema.get("type") == "object"
+            and "properties" in schema
+            and schema.get("additionalProperties") is not False
+        ):
+            lenient.add(where)
+        for value in schema.values():
+            walk(value, where)
+
+    bodies = []
+    for path, ops in DOCUMENT["paths"].items():
+        for method, op in ops.items():
+            if "requestBody" in op:
+                bodies.append(f"{method.upper()} {path}")
+                walk(op["requestBody"], bodies[-1])
+    assert len(bodies) >= 20 and "POST /tasks/{task_id}/agent" in bodies, bodies  # the walk reads them all
+    assert lenient == set(), f"request bodies that drop a field they do not know: {sorted(lenient)}"

@@ -12,6 +12,7 @@ from agentq.api.models.base import (
 )
 from agentq.core.agents import AgentSummary, AgentVersion
 from agentq.core.aliases import AgentAlias
+from agentq.core.models.strict import StrictModel
 from agentq.core.quality import QualityBucket
 
 
@@ -38,8 +39,10 @@ class AgentQuality(ApiModel):
     buckets: list[QualityBucket] = Field(description="by hour, then version; an hour without a grade has none")
 
 
-class MoveRequest(ApiModel):
-    """Move a task to another version of its agent (``POST /tasks/{id}/agent``)."""
+class MoveRequest(StrictModel):
+    """Move a task to another version of its agent (``POST /tasks/{id}/agent``). Strict, as every
+    request body: read leniently, ``{"version": 2, "keep_outcome": true}`` moved the task and
+    dropped the field the caller believed it set."""
 
     version: int = Field(strict=True, ge=1, le=999_999_999, description="a version of the task's agent")
 
