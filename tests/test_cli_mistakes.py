@@ -126,7 +126,7 @@ def test_a_wait_timeout_not_above_0_or_without_wait_is_refused_naming_it_before_
 @pytest.mark.parametrize(
     ("args", "said"),
     [pytest.param(["worker", "--concurrency", "0"], "argument --concurrency: must be >= 1, not 0", id="concurrency-0"),
-     pytest.param(["worker", "--concurrency", "-4"], "argument --concurrency: must be >= 0, not -4", id="concurrency-neg"),
+     pytest.param(["worker", "--concurrency", "-4"], "argument --concurrency: must be >= 1, not -4", id="concurrency-neg"),
      pytest.param(["worker", "--lease", "-3"], "argument --lease: must be a number of seconds above 0", id="lease-neg"),
      pytest.param(["worker", "--heartbeat", "inf"], "argument --heartbeat: must be a number of seconds above 0",
                   id="heartbeat-inf"),

@@ -103,8 +103,11 @@ def positive(value: str) -> int:
 
 
 def at_least_one(value: str) -> int:
-    """A count of at least 1 (a concurrency, a number of threads)."""
-    number = positive(value)
+    """A count of at least 1 (a concurrency, a number of threads): -2 says ">= 1", not ">= 0"."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, not {number}")
     return number
