@@ -455,3 +455,28 @@ def test_the_wilson_interval_holds_its_rate_inside_zero_and_one_for_every_count(
             assert -1 <= d_low <= (n - 2 * passed) / n <= d_high <= 1
     low, high = wilson(8, 10)  # the textbook value: 0.490 to 0.943
     assert (round(low, 3), round(high, 3)) == (0.490, 0.943)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [("--poll", "-1", "must be a number of seconds above 0, not -1"),
+     ("--poll", "0", "must be a number of seconds above 0, not 0"),
+     ("--timeout", "-5", "must be a number of seconds above 0, not -5"),
+     ("--timeout", "nan", "must be a number of seconds above 0, not nan"),
+     ("--submitters", "-2", "must be >= 1, not -2"),
+     ("--submitters", "0", "must be >= 1, not 0")],
+)  # fmt: skip
+def test_a_negative_poll_timeout_or_submitters_is_refused_naming_the_option(
+    tmp_path: Path, option: str, value: str, said: str
+) -> None:
+    """Refused as the arguments are parsed (exit 2 naming the option), before anything is sent: a
+    negative --poll was taken, every item was submitted and paid for, and the wait then died with
+    a traceback (``ValueError: sleep length must be non-negative``); --submitters -2 ran as 1
+    without a word. The API here is nowhere: a request sent would exit 1, "cannot reach"."""
+    dataset = tmp_path / "cases.jsonl"
+    dataset.write_text('{"goal": "g"}\n')
+    env = {**os.environ, "AGENTQ_URL": "http://127.0.0.1:9", "AGENTQ_API_KEY": "k"}
+    done = run_agentq(["eval", "run", str(dataset), "--agent", "a@1", "--against", "a@2", option, value],
+                      env=env, timeout=60, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2, (done.returncode, done.stderr[-1500:])
+    assert f"argument {option}: {said}" in done.stderr and "Traceback" not in done.stderr, done.stderr[-1500:]

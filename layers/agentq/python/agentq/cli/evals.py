@@ -22,7 +22,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentq.cli.args import UsageError, add_command
+from agentq.cli.args import UsageError, add_command, at_least_one, seconds
 from agentq.cli.target import api_client, remote
 from agentq.core.errors import AgentqError
 from agentq.core.evaluation_report import Outcome, render, report
@@ -269,7 +269,9 @@ def register(sub: Any) -> None:
     run.add_argument("--report", help="where to write the JSON report (default eval-EVAL_ID.json)")
     run.add_argument("--plot", help="where to draw the PNG (default eval-EVAL_ID.png; needs matplotlib)")
     run.add_argument("--no-plot", action="store_true", help="draw no PNG")
-    run.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the tasks (default 3600)")
-    run.add_argument("--poll", type=float, default=1.0, help="seconds between reads of the running tasks")
-    run.add_argument("--submitters", type=int, default=4, help="submissions in flight at once (default 4)")
+    # Read as the arguments are parsed (exit 2 naming the option), before anything is submitted: a
+    # negative --poll was taken, every item submitted and paid for, and the wait died in time.sleep.
+    run.add_argument("--timeout", type=seconds, default=3600.0, help="seconds to wait for the tasks (default 3600)")
+    run.add_argument("--poll", type=seconds, default=1.0, help="seconds between reads of the running tasks")
+    run.add_argument("--submitters", type=at_least_one, default=4, help="submissions in flight at once (default 4)")
     run.set_defaults(func=_cmd_run)
