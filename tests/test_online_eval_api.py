@@ -158,3 +158,20 @@ def test_the_cli_sets_a_sample_rate_and_refuses_a_bad_one_naming_the_field(api_s
     off = agentq("set", name, "prod", "1")  # setting it without --sample turns online evaluation off
     assert off.returncode == 0 and "grading" not in off.stdout
     assert json.loads(agentq("show", name, "prod", "--json").stdout).get("online") is None
+
+
+def test_the_quality_and_aliases_of_an_agent_the_tenant_does_not_have_are_404_agent_not_found(
+    api_stack: ApiStack,
+) -> None:
+    """As its definition and versions are: they answered 200 with nothing in them, as if the
+    agent existed and was never graded (a misspelt name read as "no grades yet"), though the
+    routes list 404. Another tenant's agent of that name is not found either."""
+    name = _name()
+    assert api_stack.http("POST", "/agents", _agent(name, "DONE"))[0] == 201
+    for path in (f"/agents/{name}/quality", f"/agents/{name}/aliases"):
+        assert api_stack.http("GET", path)[0] == 200, path  # its own agent, never graded: empty
+        for missing, key in ((f"{name}-nope", "default"), (name, api_stack.other_key)):
+            status, answer, _ = api_stack.http("GET", path.replace(name, missing), key=key)
+            assert (status, answer["error"]["code"]) == (404, "agent_not_found"), (path, missing, answer)
+    shown = run_agentq(["agents", "quality", f"{name}-nope"], env=api_stack.cli_env(), timeout=120)
+    assert shown.returncode == 1 and "no agent" in shown.stderr, shown.stderr

@@ -106,15 +106,19 @@ class Agents:
             return version, True
         raise AgentConflict(f"agent {spec.name!r} is being changed by others; try again", field="name")
 
+    def latest(self, tenant: str, name: str) -> int:
+        """The latest version's number of ``name`` of ``tenant`` only: one read of its HEAD, or
+        ``AgentNotFound`` (what a read of the agent's aliases or quality checks first)."""
+        head = self.table.get({"pk": keys.agent_pk(tenant, name), "sk": keys.AGENT_HEAD})
+        if head is None:
+            raise AgentNotFound(f"no agent {name!r}", field="agent")
+        return int(head["latest"])
+
     def get(self, tenant: str, name: str, version: int | None = None) -> AgentVersion:
         """A version of ``name`` (the latest when ``version`` is None) of ``tenant`` only."""
-        pk = keys.agent_pk(tenant, name)
         if version is None:
-            head = self.table.get({"pk": pk, "sk": keys.AGENT_HEAD})
-            if head is None:
-                raise AgentNotFound(f"no agent {name!r}", field="agent")
-            version = int(head["latest"])
-        item = self.table.get({"pk": pk, "sk": keys.agent_version_sk(version)})
+            version = self.latest(tenant, name)
+        item = self.table.get({"pk": keys.agent_pk(tenant, name), "sk": keys.agent_version_sk(version)})
         if item is None:
             raise AgentNotFound(f"no version {version} of agent {name!r}", field="agent")
         return _version(item)

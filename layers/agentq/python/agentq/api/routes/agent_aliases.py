@@ -53,11 +53,13 @@ def router(deps: ApiDeps) -> Router:
     @routes.get(
         "/agents/<name>/aliases",
         summary="An agent's aliases",
+        description="By alias name. An agent the caller's tenant does not have: 404 agent_not_found.",
         operation_id="listAgentAliases",
         tags=["agents"],
         responses=responses(200, AgentAliasList, 404, 422),
     )
     def list_aliases(name: AgentName) -> AgentAliasList:
+        store.agents.latest(tenant(), name)  # an agent it does not have is 404, as its versions are
         return AgentAliasList(agent=name, aliases=store.aliases.list(tenant(), name))
 
     @routes.get(
@@ -88,7 +90,7 @@ def router(deps: ApiDeps) -> Router:
         "graded, passed, errors (a grade that failed), unanswered (a sampled task that ended failed, timed_out, "
         "cost_exceeded or cancelled after it began to run: a fail of the pass rate), pass rate, mean score, the "
         "tasks' cost and the grading's cost apart. One query of counters (a few items a version an hour), never of "
-        "the tasks.",
+        "the tasks. An agent the caller's tenant does not have: 404 agent_not_found.",
         operation_id="getAgentQuality",
         tags=["agents"],
         responses=responses(200, AgentQuality, 404, 422),
@@ -97,6 +99,7 @@ def router(deps: ApiDeps) -> Router:
         name: AgentName,
         hours: Annotated[int, Query(ge=1, le=MAX_HOURS, description="the last N hours, this one included")] = 48,
     ) -> AgentQuality:
+        store.agents.latest(tenant(), name)  # 404 agent_not_found: not 200 with no buckets, as if never graded
         last = hour_of(time.time())
         first = last - hours + 1
         buckets = store.quality.read(tenant(), name, first, last)
