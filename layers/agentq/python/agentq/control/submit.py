@@ -198,7 +198,12 @@ def submit_once(
             cancel=cancel,
             tier_limits=defaults.tier_limits() if defaults else None,
         )
-        gate = fair.admit(task, submission.priority)
+        try:  # a raise here (a throttled read of the slots) is undone as a failed send is
+            gate = fair.admit(task, submission.priority)
+        except Exception:
+            if _undo_created(store, task, tenant=tenant, idempotency_key=idempotency_key):
+                raise
+            return Submitted(store.tasks.get(task.task_id), created)
         if gate.skipped:  # its key's skip ended it: reported as any end (no parent knows it yet), answered as it is now
             task = store.tasks.get(task.task_id)
             task_ended(store, queues, task, TaskStatus.CANCELLED)
@@ -209,30 +214,39 @@ def submit_once(
         try:  # a task with a workspace goes to the pool whose hosts run its sandbox (queueing.queues)
             queues.send(task.task_id, submission.priority, tenant=tenant, pool=queues.pool_for(submission))
         except Exception:
-            # The task and its slots go in one transaction, only while nobody claimed it and its
-            # slots are as read: a send that raised although SQS took the message may already
-            # be running it (it keeps its slots; its end gives them back), or a worker may have
-            # admitted or released it meanwhile. Then the submission stands.
-            # Read whatever the gate said: a task it found needing no slot may have been admitted
-            # meanwhile by a worker holding the message (an override set since), and must not be
-            # deleted with the slots it took.
-            give_back = store.slots.give_back(task.task_id)
-            try:
-                store.tasks.delete_unstarted(
-                    task.task_id,
-                    idempotency=(tenant, idempotency_key) if idempotency_key else None,
-                    also=give_back.actions,
-                    only_if=give_back.condition,
-                )
-            except TransactionCancelled:
-                log.warning("task %s: its enqueue raised, but a worker took it: the message was sent", task.task_id)
-                return Submitted(store.tasks.get(task.task_id), created)
-            raise
+            if _undo_created(store, task, tenant=tenant, idempotency_key=idempotency_key):
+                raise
+            return Submitted(store.tasks.get(task.task_id), created)
     elif task.status is TaskStatus.QUEUED and task.lease_epoch == 0 and moved is not TaskStatus.QUEUED:
         # the first request may have died before its enqueue: a duplicate message is harmless
         # (a dependent this request's look just queued was sent by the look)
         queues.send(task.task_id, submission.priority, tenant=tenant, pool=queues.pool_for(submission))
     return Submitted(task, created)
+
+
+def _undo_created(store: Storage, task: Task, *, tenant: str, idempotency_key: str | None) -> bool:
+    """A created task's admission or enqueue raised: delete it with the slots it holds and its
+    idempotency key's record, so the caller's error means nothing was made (TASKS.md). True when
+    undone; False when it stands (then the caller answers it as made).
+
+    The task and its slots go in one transaction, only while nobody claimed it and its slots
+    are as read: a send that raised although SQS took the message may already be running it (it
+    keeps its slots; its end gives them back), or a worker may have admitted or released it
+    meanwhile. Whatever the gate said (or if it raised half way) the slots are read again here: a
+    task it found needing no slot may have been admitted meanwhile by a worker holding the
+    message (an override set since), and must not be deleted with the slots it took."""
+    give_back = store.slots.give_back(task.task_id)
+    try:
+        store.tasks.delete_unstarted(
+            task.task_id,
+            idempotency=(tenant, idempotency_key) if idempotency_key else None,
+            also=give_back.actions,
+            only_if=give_back.condition,
+        )
+    except TransactionCancelled:
+        log.warning("task %s: its admission or enqueue raised, but it moved on meanwhile: it stands", task.task_id)
+        return False
+    return True
 
 
 def _undo_dependent(store: Storage, task: Task, *, tenant: str, idempotency_key: str | None) -> bool:

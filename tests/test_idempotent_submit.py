@@ -1,0 +1,65 @@
+"""A submission answered with an error made nothing, and a keyed retry finds what the first
+request made (docs/TASKS.md, docs/API.md POST /tasks): through the real Lambda handler on moto,
+as tests/test_api_routes.py does, with a module fixture of our own on the shared moto server."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agentq.resources import QueueSettings, provision
+from agentq.runtime import Settings, build_store, session
+from agentq_dev.moto_server import MotoServer
+
+from tests.test_api_routes import SUB, Api
+
+
+@pytest.fixture(scope="module")
+def api(moto_server: MotoServer) -> Iterator[Api]:
+    from tests.lambda_support import load_handler
+
+    settings = Settings.for_prefix(
+        f"s{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",)
+    )
+    provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings())
+    mp = pytest.MonkeyPatch()
+    for key, value in settings.env().items():
+        mp.setenv(key, value)
+    try:
+        yield Api(handler=load_handler("api"), store=build_store(settings), settings=settings)
+    finally:
+        mp.undo()
+
+
+def _tasks(api: Api) -> int:
+    from tests.helpers import dynamo
+
+    count = dynamo(api.store).client.scan(
+        TableName=api.settings.table, Select="COUNT", FilterExpression="sk = :m",
+        ExpressionAttributeValues={":m": {"S": "META"}, }, )  # fmt: skip
+    return int(count["Count"])
+
+
+def test_a_submission_whose_admission_raises_is_answered_with_an_error_and_leaves_no_task(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admission (FairShare.admit: reads and writes of the running slots, a throttled
+    DynamoDB call) is undone as a failed enqueue is: else the 500 left a queued task with no
+    message, which the sweeper runs later, and a retry without a key made a second one."""
+    from agentq.queueing.fairness import FairShare
+
+    def throttled(self: FairShare, *args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("DynamoDB throttled the slots' read")
+
+    before = _tasks(api)
+    key = f"admit-{uuid.uuid4().hex}"
+    with monkeypatch.context() as m:
+        m.setattr(FairShare, "admit", throttled)
+        status, data, _ = api.call("POST", "/tasks", SUB, headers={"Idempotency-Key": key})
+    assert status == 500, data
+    assert _tasks(api) == before  # no task (and no key record: the retry below creates it)
+    status, data, _ = api.call("POST", "/tasks", SUB, headers={"Idempotency-Key": key})
+    assert status == 202 and data["created"] is True, data
