@@ -4,6 +4,7 @@ as tests/test_api_routes.py does, with a module fixture of our own on the shared
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -97,3 +98,68 @@ def test_a_key_bound_by_the_release_before_the_canonical_hash_still_finds_its_ta
     )
     status, data, _ = api.call("POST", "/tasks", body, headers={"Idempotency-Key": key})
     assert status == 202 and data["task_id"] == task.task_id and data["created"] is False, data
+
+
+def test_a_keyed_retry_of_a_submission_that_was_created_returns_its_task_even_if_its_alias_is_gone_since(
+    api: Api,
+) -> None:
+    """The key is looked up before the request is resolved and checked again: before, a retry
+    whose agent alias was deleted meanwhile was a 422 "no alias" for a task that exists and
+    runs, and a client whose first answer was lost concluded nothing was made."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    made = {"name": "greeter", "provider": "scripted", "script": {"turns": [{"text": "hi"}]}}
+    assert api.call("POST", "/agents", made, tenant=tenant)[0] == 201
+    alias = {"versions": [{"version": 1, "weight": 100}]}
+    assert api.call("PUT", "/agents/greeter/aliases/prod", alias, tenant=tenant)[0] == 200
+    body = {"goal": "say hi", "agent": "greeter@prod"}
+    key = {"Idempotency-Key": f"k-{uuid.uuid4().hex}"}
+    status, first, _ = api.call("POST", "/tasks", body, tenant=tenant, headers=key)
+    assert status == 202 and first["created"] is True
+    assert api.call("DELETE", "/agents/greeter/aliases/prod", tenant=tenant)[0] == 200
+    status, again, _ = api.call("POST", "/tasks", body, tenant=tenant, headers=key)
+    assert status == 202, again
+    assert again["task_id"] == first["task_id"] and again["created"] is False
+    status, data, _ = api.call("POST", "/tasks", {**body, "goal": "other"}, tenant=tenant, headers=key)
+    assert status == 409 and data["error"]["code"] == "idempotency_conflict", data  # looked up first too
+
+
+def test_a_keyed_retry_racing_a_first_request_whose_enqueue_fails_never_answers_202_for_a_deleted_task(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that timed out retries with its Idempotency-Key while the first request is still
+    sending to SQS; the retry finds the task, sends its message again and answers 202. Then the
+    first request's send fails: before, it deleted the task and the key's record, and the retry's
+    caller held an id answering 404. Now the retry's mark keeps the task (it has the retry's
+    message), and the first request answers it too."""
+    from agentq.queueing.queues import TaskQueues
+
+    original = TaskQueues.send
+    first_in_send = threading.Event()
+    retry_answered = threading.Event()
+
+    def send(self: TaskQueues, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "first":
+            first_in_send.set()
+            assert retry_answered.wait(30)
+            raise ConnectionError("SQS is down")
+        return original(self, *args, **kwargs)
+
+    key = f"race-{uuid.uuid4().hex}"
+    answers: dict[str, Any] = {}
+
+    def first() -> None:
+        answers["first"] = api.call("POST", "/tasks", SUB, headers={"Idempotency-Key": key})
+
+    with monkeypatch.context() as m:
+        m.setattr(TaskQueues, "send", send)
+        thread = threading.Thread(target=first, name="first")
+        thread.start()
+        assert first_in_send.wait(30)
+        answers["retry"] = api.call("POST", "/tasks", SUB, headers={"Idempotency-Key": key})
+        retry_answered.set()
+        thread.join(30)
+    status, data, _ = answers["retry"]
+    assert status == 202 and data["created"] is False, data
+    code, view, _ = api.call("GET", f"/tasks/{data['task_id']}")
+    assert code == 200, f"the retry answered 202 for task {data['task_id']}, which is gone: {view}"
+    assert answers["first"][0] == 202 and answers["first"][1]["task_id"] == data["task_id"], answers["first"]

@@ -186,6 +186,24 @@ def test_an_unstarted_task_can_be_undone_but_not_once_claimed(backend: Storage) 
     assert backend.tasks.get(lease.task_id).status is TaskStatus.RUNNING
 
 
+def test_a_task_a_keyed_retry_sent_again_is_never_undone_under_it(backend: Storage) -> None:
+    """A retry marks the task before it resends it (``mark_resent``): the first request's undo
+    of a failed enqueue is then refused, so the id the retry answered stays a task; a task
+    undone before the mark is not marked (the retry goes on as a new request)."""
+    sub = scripted([{"text": "x"}])
+    task, _ = backend.tasks.create_idempotent(sub, tenant="t", key="resent", request_hash="h")
+    assert backend.tasks.mark_resent(task.task_id)
+    with pytest.raises(TransactionCancelled):
+        backend.tasks.delete_unstarted(task.task_id, idempotency=("t", "resent"))
+    assert backend.tasks.get(task.task_id).status is TaskStatus.QUEUED
+    assert backend.tasks.idempotency("t", "resent") is not None
+    gone, _ = backend.tasks.create_idempotent(sub, tenant="t", key="undone", request_hash="h")
+    backend.tasks.delete_unstarted(gone.task_id, idempotency=("t", "undone"))
+    assert not backend.tasks.mark_resent(gone.task_id)
+    with pytest.raises(TaskNotFound):
+        backend.tasks.get(gone.task_id)
+
+
 def test_a_tenant_lists_its_own_root_tasks_newest_first_in_pages(backend: Storage) -> None:
     ids = []
     for _ in range(5):

@@ -22,7 +22,7 @@ from agentq.control.validation import check_submission as check_submission
 from agentq.control.validation import parse_submission as parse_submission
 from agentq.control.workspaces import check_workspace
 from agentq.core.endusers import UserMayNot
-from agentq.core.errors import ValidationError
+from agentq.core.errors import IdempotencyConflict, TaskNotFound, ValidationError
 from agentq.core.models import SET_BY_AGENTQ, Task, TaskStatus, TaskSubmission
 from agentq.core.stops import check_open
 from agentq.core.tools import ToolRegistry
@@ -187,6 +187,12 @@ def submit_once(
     """
     submission = raw if isinstance(raw, TaskSubmission) else parse_submission(raw)
     digests = (digest,) if isinstance(digest, str) else digest or request_hashes(submission)
+    if idempotency_key is not None:
+        # Looked up before the request is resolved and checked again: a retry of a request that
+        # made its task returns it though its alias, agent or scope changed since.
+        found = _found(store, queues, tenant=tenant, key=idempotency_key, digests=digests)
+        if found is not None:
+            return found
     task_id = task_id or new_task_id()  # chosen first: an alias's split may be keyed by it
     submission = prepare_submission(
         store, tools, submission, tenant=tenant, defaults=defaults, task_id=task_id, only_user=only_user
@@ -195,7 +201,6 @@ def submit_once(
     blocked = bool(submission.depends_on)
     if idempotency_key is None:
         task = store.tasks.create(submission, tenant=tenant, blocked=blocked, task_id=task_id, key_id=key_id)
-        created = True
     else:
         task, created = store.tasks.create_idempotent(
             submission,
@@ -207,57 +212,99 @@ def submit_once(
             task_id=task_id,
             key_id=key_id,
         )
-    if created:
-        observe.task_status_changed(task.task_id, tenant, task.status.value)
-    moved: TaskStatus | None = None
+        if not created:  # a request with the same key made it since our look
+            replayed = _replay(store, queues, task, tenant=tenant)
+            if replayed is None:
+                raise RuntimeError(f"idempotency key {idempotency_key!r}: its task was undone meanwhile; retry")
+            return replayed
+    created = True
+    observe.task_status_changed(task.task_id, tenant, task.status.value)
     if blocked:  # no message until its dependencies allow: they may have ended already
         from agentq.queueing.endings import resolve
 
         try:
-            moved = resolve(store, queues, task.task_id)
+            resolve(store, queues, task.task_id)
         except Exception:
-            if not created or _undo_dependent(store, task, tenant=tenant, idempotency_key=idempotency_key):
+            if _undo_dependent(store, task, tenant=tenant, idempotency_key=idempotency_key):
                 raise
-        task = store.tasks.get(task.task_id)
-        if created:
-            return Submitted(task, created)
+        return Submitted(store.tasks.get(task.task_id), created)
     if queues is None:
         return Submitted(task, created)
-    if created:
-        # Admitted here, a task of a tenant at its running limit never enters the queue: it waits
-        # on the tenant's list, and a burst of one tenant never stands in front of another's tasks.
-        fair = FairShare(
-            store,
-            queues,
-            default_limit=defaults.tenant_max_running if defaults else None,
-            fleet_capacity=defaults.fleet_capacity if defaults else None,
-            cancel=cancel,
-            tier_limits=defaults.tier_limits() if defaults else None,
-        )
-        try:  # a raise here (a throttled read of the slots) is undone as a failed send is
-            gate = fair.admit(task, submission.priority)
-        except Exception:
-            if _undo_created(store, task, tenant=tenant, idempotency_key=idempotency_key):
-                raise
-            return Submitted(store.tasks.get(task.task_id), created)
-        if gate.skipped:  # its key's skip ended it: reported as any end (no parent knows it yet), answered as it is now
-            task = store.tasks.get(task.task_id)
-            task_ended(store, queues, task, TaskStatus.CANCELLED)
-        if gate.waits is not None:
-            return Submitted(task, created)
-        # Admitted, or neither admitted nor parked (``gate.keep``): then its message is sent
-        # unadmitted, and the dispatcher admits it on delivery.
-        try:  # a task with a workspace goes to the pool whose hosts run its sandbox (queueing.queues)
-            queues.send(task.task_id, submission.priority, tenant=tenant, pool=queues.pool_for(submission))
-        except Exception:
-            if _undo_created(store, task, tenant=tenant, idempotency_key=idempotency_key):
-                raise
-            return Submitted(store.tasks.get(task.task_id), created)
-    elif task.status is TaskStatus.QUEUED and task.lease_epoch == 0 and moved is not TaskStatus.QUEUED:
-        # the first request may have died before its enqueue: a duplicate message is harmless
-        # (a dependent this request's look just queued was sent by the look)
+    # Admitted here, a task of a tenant at its running limit never enters the queue: it waits
+    # on the tenant's list, and a burst of one tenant never stands in front of another's tasks.
+    fair = FairShare(
+        store,
+        queues,
+        default_limit=defaults.tenant_max_running if defaults else None,
+        fleet_capacity=defaults.fleet_capacity if defaults else None,
+        cancel=cancel,
+        tier_limits=defaults.tier_limits() if defaults else None,
+    )
+    try:  # a raise here (a throttled read of the slots) is undone as a failed send is
+        gate = fair.admit(task, submission.priority)
+    except Exception:
+        if _undo_created(store, task, tenant=tenant, idempotency_key=idempotency_key):
+            raise
+        return Submitted(store.tasks.get(task.task_id), created)
+    if gate.skipped:  # its key's skip ended it: reported as any end (no parent knows it yet), answered as it is now
+        task = store.tasks.get(task.task_id)
+        task_ended(store, queues, task, TaskStatus.CANCELLED)
+    if gate.waits is not None:
+        return Submitted(task, created)
+    # Admitted, or neither admitted nor parked (``gate.keep``): then its message is sent
+    # unadmitted, and the dispatcher admits it on delivery.
+    try:  # a task with a workspace goes to the pool whose hosts run its sandbox (queueing.queues)
         queues.send(task.task_id, submission.priority, tenant=tenant, pool=queues.pool_for(submission))
+    except Exception:
+        if _undo_created(store, task, tenant=tenant, idempotency_key=idempotency_key):
+            raise
+        return Submitted(store.tasks.get(task.task_id), created)
     return Submitted(task, created)
+
+
+def _found(
+    store: Storage, queues: TaskQueues | None, *, tenant: str, key: str, digests: tuple[str, ...]
+) -> Submitted | None:
+    """The task an earlier request with ``key`` made (``_replay``d), or None when the key is new
+    (or its task was undone): then the request goes on as a new one. The key with another
+    request: IdempotencyConflict."""
+    record = store.tasks.idempotency(tenant, key)
+    if record is None:
+        return None
+    if record.request_hash not in digests:
+        raise IdempotencyConflict(
+            "this Idempotency-Key was already used with a different request body", field="Idempotency-Key"
+        )
+    try:
+        task = store.tasks.get(record.task_id)
+    except TaskNotFound:
+        return None  # its create was undone (its enqueue failed), the record with it
+    return _replay(store, queues, task, tenant=tenant)
+
+
+def _replay(store: Storage, queues: TaskQueues | None, task: Task, *, tenant: str) -> Submitted | None:
+    """A retry's answer for the task its key's first request made. That request may have died
+    before its dependencies' look or its enqueue: the look is made again, and a queued task
+    nobody claimed is sent again (a duplicate message is harmless), marked first
+    (``mark_resent``) so the first request's undo of an enqueue that fails now leaves the task
+    this retry answers standing. None when the task was undone before the mark."""
+    moved: TaskStatus | None = None
+    if task.submission.depends_on:
+        from agentq.queueing.endings import resolve
+
+        moved = resolve(store, queues, task.task_id)
+        task = store.tasks.get(task.task_id)
+    # (a dependent the look just queued was sent by the look)
+    if (
+        queues is not None
+        and task.status is TaskStatus.QUEUED
+        and task.lease_epoch == 0
+        and moved is not TaskStatus.QUEUED
+    ):
+        if not store.tasks.mark_resent(task.task_id):
+            return None
+        queues.send(task.task_id, task.submission.priority, tenant=tenant, pool=queues.pool_for(task.submission))
+    return Submitted(task, False)
 
 
 def _undo_created(store: Storage, task: Task, *, tenant: str, idempotency_key: str | None) -> bool:

@@ -39,12 +39,15 @@ from agentq.storage.budget_items import budget_attrs
 from agentq.storage.leases import TaskLeases
 from agentq.storage.table import (
     Action,
+    ConditionFailed,
     Delete,
     Put,
     TransactionCancelled,
+    Update,
     absent,
     chunks,
     plain,
+    present,
     status_in,
     transact_through_conflicts,
 )
@@ -56,6 +59,8 @@ from agentq.storage.task_transitions import TaskTransitions
 from agentq.storage.workspaces import WorkspaceObjects
 
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+# On META: a keyed retry sent the task's message again (``Tasks.mark_resent``).
+RESENT = "resent_at"
 # A fork's META while its steps and objects are copied (``Tasks.fork``): the token of the fork
 # writing it, and the TTL that collects a fork cut short; the copy takes seconds to minutes.
 FORK_PENDING = "fork_pending"
@@ -251,11 +256,12 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         only while META also meets ``only_if`` (those slots still held as read). ``depends_on``:
         a dependent's (created blocked): its edges in each dependency's partition go with it,
         and only while it is still blocked or queued (one cancelled for a failed dependency has
-        ended, and its callback may be out: it stands). Raises TransactionCancelled when a
+        ended, and its callback may be out: it stands). A task a keyed retry sent again
+        (``mark_resent``) stands too: the retry answered its id. Raises TransactionCancelled when a
         condition fails; a TransactionConflict (the slot items are hot) is tried again, not
         raised at once: raised, the submission would answer an error with the task left half undone.
         """
-        condition: ConditionBase = Attr("lease_epoch").eq(0)
+        condition: ConditionBase = Attr("lease_epoch").eq(0) & Attr(RESENT).not_exists()
         if depends_on:
             condition = condition & status_in([TaskStatus.BLOCKED, TaskStatus.QUEUED])
         actions: list[Action] = [
@@ -269,6 +275,17 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             for i, dep in enumerate(depends_on)
         ]
         transact_through_conflicts(self.table, [*actions, *also])
+
+    def mark_resent(self, task_id: str) -> bool:
+        """A keyed retry that found the task is about to send its message again (the first
+        request may have died before its enqueue) and answer its id: marked first, so the first
+        request's undo of a failed enqueue (``delete_unstarted``) no longer deletes a task the
+        retry's caller holds. False, nothing written, when the task is gone already (undone)."""
+        try:
+            self.table.update(keys.meta_key(task_id), Update(set={RESENT: int(time.time())}), condition=present())
+        except ConditionFailed:
+            return False
+        return True
 
     # ------------------------------------------------------------------ fork
 
