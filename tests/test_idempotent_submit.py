@@ -4,6 +4,7 @@ as tests/test_api_routes.py does, with a module fixture of our own on the shared
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -163,3 +164,50 @@ def test_a_keyed_retry_racing_a_first_request_whose_enqueue_fails_never_answers_
     code, view, _ = api.call("GET", f"/tasks/{data['task_id']}")
     assert code == 200, f"the retry answered 202 for task {data['task_id']}, which is gone: {view}"
     assert answers["first"][0] == 202 and answers["first"][1]["task_id"] == data["task_id"], answers["first"]
+
+
+def _as_user(api: Api, tenant: str, user: str, body: dict[str, Any], key: str) -> tuple[int, Any]:
+    from agentq.api.http_server import proxy_event
+
+    from tests.lambda_support import FakeLambdaContext
+
+    event = proxy_event("POST", "/tasks", {"Content-Type": "application/json", "Idempotency-Key": key},
+                        json.dumps(body), context={"tenant": tenant, "user": user})  # fmt: skip
+    answer = api.handler.lambda_handler(event, FakeLambdaContext(30))
+    return answer["statusCode"], json.loads(answer["body"])
+
+
+def test_a_tenant_key_s_idempotency_key_never_collides_with_an_end_user_s(api: Api) -> None:
+    """A user's key is scoped by its user with a character the key's pattern excludes (a space):
+    before, "#", and a key may hold "#", so the tenant's own "alice#k" and alice's "k" were one
+    record, and alice's first use of "k" was a 409 for a key she never sent."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    made = {"name": "greeter", "provider": "scripted", "script": {"turns": [{"text": "hi"}]}}
+    assert api.call("POST", "/agents", made, tenant=tenant)[0] == 201
+    body = {"goal": "say hi", "agent": "greeter"}  # what a token may submit
+    key = uuid.uuid4().hex
+    status, _, _ = api.call("POST", "/tasks", body, tenant=tenant, headers={"Idempotency-Key": f"alice#{key}"})
+    assert status == 202
+    status, data = _as_user(api, tenant, "alice", body, key)
+    assert status == 202 and data["created"] is True, data
+
+
+def test_a_user_s_retry_of_a_request_keyed_by_the_previous_release_finds_its_task(api: Api) -> None:
+    """A record the previous release wrote under "{user}#{key}" lives 24 hours: the user's retry
+    across the upgrade finds its task (its request and user match), not a second one."""
+    from agentq.control.submit import parse_submission, request_hash
+
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    made = {"name": "greeter", "provider": "scripted", "script": {"turns": [{"text": "hi"}]}}
+    assert api.call("POST", "/agents", made, tenant=tenant)[0] == 201
+    body = {"goal": "say hi", "agent": "greeter"}
+    key = uuid.uuid4().hex
+    sent = parse_submission({**body, "user": "alice"})  # as the route hashes it: with its user
+    resolved = parse_submission(
+        {"goal": "say hi", "provider": "scripted", "script": made["script"], "user": "alice"}
+    )  # the task as it was made
+    task, _ = api.store.tasks.create_idempotent(
+        resolved, tenant=tenant, key=f"alice#{key}", request_hash=request_hash(sent)
+    )
+    status, data = _as_user(api, tenant, "alice", body, key)
+    assert status == 202 and data["task_id"] == task.task_id and data["created"] is False, data

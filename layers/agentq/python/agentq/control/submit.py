@@ -168,6 +168,7 @@ def submit_once(
     task_id: str | None = None,
     key_id: str | None = None,
     only_user: str | None = None,
+    legacy_keys: tuple[str, ...] = (),
 ) -> Submitted:
     """``submit`` with an optional idempotency key: the same key and request return the task
     the first one created (``created=False``); the same key with another request raises
@@ -182,6 +183,10 @@ def submit_once(
     tree spends against that key's caps: ``core.caps``). ``only_user``: the user a caller bound
     to one (a token's) acts as; None for a tenant key (``prepare_submission``).
 
+    ``legacy_keys``: what the key was scoped as by the previous release (``user_scoped_key``),
+    looked up when the key has no record: a record found there whose request and user match is
+    this request's (records live 24 hours, so these can go a day after the upgrade).
+
     A submission in a stopped scope (its tenant, user, agent or key: ``core.stops``) is refused
     with ``ScopeStopped`` before anything is written.
     """
@@ -191,6 +196,10 @@ def submit_once(
         # Looked up before the request is resolved and checked again: a retry of a request that
         # made its task returns it though its alias, agent or scope changed since.
         found = _found(store, queues, tenant=tenant, key=idempotency_key, digests=digests)
+        for legacy in legacy_keys if found is None else ():
+            found = _found_legacy(store, queues, tenant=tenant, key=legacy, digests=digests, user=submission.user)
+            if found is not None:
+                break
         if found is not None:
             return found
     task_id = task_id or new_task_id()  # chosen first: an alias's split may be keyed by it
@@ -280,6 +289,29 @@ def _found(
     except TaskNotFound:
         return None  # its create was undone (its enqueue failed), the record with it
     return _replay(store, queues, task, tenant=tenant)
+
+
+def _found_legacy(
+    store: Storage, queues: TaskQueues | None, *, tenant: str, key: str, digests: tuple[str, ...], user: str | None
+) -> Submitted | None:
+    """A record under the key's previous scope, only if it is this request's (its hash and its
+    task's user match): never a conflict, since another caller's key may be scoped as that now."""
+    record = store.tasks.idempotency(tenant, key)
+    if record is None or record.request_hash not in digests:
+        return None
+    try:
+        task = store.tasks.get(record.task_id)
+    except TaskNotFound:
+        return None
+    return _replay(store, queues, task, tenant=tenant) if task.submission.user == user else None
+
+
+def user_scoped_key(user: str, key: str) -> tuple[str, tuple[str, ...]]:
+    """An end user's Idempotency-Key as its record is named, with what the previous release
+    named it (for ``submit_once``'s ``legacy_keys``). A space joins them: the key's pattern
+    (visible ASCII) excludes it, so no tenant key (unscoped) is ever a user's; the previous
+    ``#`` let a tenant's "alice#k" be alice's "k"."""
+    return f"{user} {key}", (f"{user}#{key}",)
 
 
 def _replay(store: Storage, queues: TaskQueues | None, task: Task, *, tenant: str) -> Submitted | None:

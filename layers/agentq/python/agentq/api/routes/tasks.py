@@ -31,7 +31,7 @@ from agentq.api.models import (
 from agentq.api.routes.common import ApiDeps, PageCursor, Router, TaskId, builtin_script_only, user_query
 from agentq.api.run_diff import compare_tasks
 from agentq.api.user_submission import check_user_submission
-from agentq.control.submit import request_hashes, submit_once
+from agentq.control.submit import request_hashes, submit_once, user_scoped_key
 from agentq.core.errors import TaskNotFound, ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
 
@@ -64,8 +64,9 @@ def router(deps: ApiDeps) -> Router:
         if user != submission.user:  # a token's user: the request acts as it
             submission = submission.model_copy(update={"user": user})
         digest = request_hashes(submission)  # of the request as sent (with its user), before defaults fill it in
-        if user is not None and idempotency_key is not None:
-            idempotency_key = f"{user}#{idempotency_key}"  # one user's key never finds another's task
+        legacy: tuple[str, ...] = ()
+        if user is not None and idempotency_key is not None:  # one user's key never finds another's task
+            idempotency_key, legacy = user_scoped_key(user, idempotency_key)
         accepted = submit_once(
             store,
             deps.tools,
@@ -77,6 +78,7 @@ def router(deps: ApiDeps) -> Router:
             defaults=deps.defaults,
             key_id=caller.key_id,
             only_user=caller.user,  # a token's: its dependencies are its user's tasks
+            legacy_keys=legacy,
         )
         task, created = accepted.task, accepted.created
         headers = {"Location": f"/tasks/{task.task_id}"}
