@@ -4,6 +4,7 @@ Gateway proxy events built from real messages, and a LambdaContext with a clock.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import time
 import uuid
@@ -66,3 +67,25 @@ def sqs_event(messages: list[dict[str, Any]], queue_arn: str) -> dict[str, Any]:
             for m in messages
         ]
     }
+
+
+LAMBDA_RESPONSE_BYTES = 6 * 1024 * 1024  # a synchronous invocation's answer (API Gateway: 502 past it)
+
+
+def lambda_pages(api: Any, path: str, field: str, tenant: str) -> tuple[list[Any], list[int]]:
+    """Every item (``field`` of each page) of the listing at ``path``, through the Lambda handler
+    (``api``: tests/test_api_routes.py's Api), following next_cursor; and each answer's size."""
+    from agentq.api.http_server import proxy_event
+
+    items: list[Any] = []
+    sizes: list[int] = []
+    cursor: str | None = None
+    while True:
+        url = path + (("&" if "?" in path else "?") + f"cursor={cursor}" if cursor else "")
+        answer = api.handler.lambda_handler(proxy_event("GET", url, {}, None, tenant=tenant), FakeLambdaContext(30))
+        assert answer["statusCode"] == 200, answer["body"][:500]
+        sizes.append(len(answer["body"].encode()))
+        page = json.loads(answer["body"])
+        items += page[field]
+        if (cursor := page["next_cursor"]) is None:
+            return items, sizes

@@ -14,6 +14,10 @@ from typing import Any
 
 from tests.api_support import ApiStack
 from tests.helpers import call, run_agentq
+from tests.lambda_support import LAMBDA_RESPONSE_BYTES, lambda_pages
+from tests.test_api_routes import Api, api
+
+__all__ = ["api"]  # the deployment of tests/test_api_routes.py: the Lambda handler, its own table
 
 
 def _agent(name: str, text: str, **over: Any) -> dict[str, Any]:
@@ -211,3 +215,39 @@ def test_an_agents_constraint_defaults_have_the_bounds_of_a_tasks_constraints() 
         task_field = Constraints.model_fields[name]
         assert field.metadata == task_field.metadata, name
         assert field.default is None  # unset: the task's own default or the deployment's applies
+
+
+def test_an_agent_s_versions_are_listed_in_pages_each_within_one_lambda_answer(api: Api) -> None:
+    """32 versions of a 200 KB definition were 6.4 MB in one answer: past the 6 MB a Lambda may
+    answer (API Gateway's 502, and no cursor to read less). Pages stop at ?limit= or 2 MB, and
+    following next_cursor lists each version once, newest first."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    for i in range(32):
+        spec = {"name": "big", "provider": "scripted", "script": {"turns": [{"text": f"{i}" + "x" * 200_000}]}}
+        assert api.call("POST", "/agents", spec, tenant=tenant)[0] == 201
+    versions, sizes = lambda_pages(api, "/agents/big/versions", "versions", tenant)
+    assert [v["version"] for v in versions] == list(range(32, 0, -1))
+    assert len(sizes) > 1 and max(sizes) < LAMBDA_RESPONSE_BYTES / 2, sizes
+    versions, sizes = lambda_pages(api, "/agents/big/versions?limit=5", "versions", tenant)
+    assert [v["version"] for v in versions] == list(range(32, 0, -1)) and len(sizes) == 7
+
+
+def test_an_agent_s_versions_refuse_a_bad_limit_and_a_cursor_of_another_listing(api: Api) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    for name in ("one", "two"):
+        for text in ("a", "b"):
+            spec = {"name": name, "provider": "scripted", "script": {"turns": [{"text": text}]}}
+            assert api.call("POST", "/agents", spec, tenant=tenant)[0] == 201
+    for limit in (0, 101, "x"):
+        status, body, _ = api.call("GET", f"/agents/one/versions?limit={limit}", tenant=tenant)
+        assert (status, body["error"]["field"]) == (422, "limit"), body
+    status, first, _ = api.call("GET", "/agents/one/versions?limit=1", tenant=tenant)
+    assert status == 200 and [v["version"] for v in first["versions"]] == [2] and first["next_cursor"]
+    status, rest, _ = api.call("GET", f"/agents/one/versions?limit=1&cursor={first['next_cursor']}", tenant=tenant)
+    assert (status, [v["version"] for v in rest["versions"]], rest["next_cursor"]) == (200, [1], None)
+    from agentq.api.cursors import encode_cursor
+
+    for cursor in (first["next_cursor"], encode_cursor("memory_stores", "one"), "not-a-cursor!", "e30"):
+        url = f"/agents/two/versions?cursor={cursor}"  # another agent's cursor, another listing's, forged
+        status, body, _ = api.call("GET", url, tenant=tenant)
+        assert (status, body["error"]["code"], body["error"]["field"]) == (400, "invalid_cursor", "cursor"), body

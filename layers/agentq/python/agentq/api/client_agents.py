@@ -47,7 +47,15 @@ class AgentCalls(HttpClient):
         return self._get(AgentVersion, f"/agents/{_seg(name, 'name')}", version=version)
 
     def agent_versions(self, name: str) -> list[AgentVersion]:
-        return self._get(AgentVersions, f"/agents/{_seg(name, 'name')}/versions").versions
+        """Every version of an agent, newest first (following the pages: one holds at most 2 MB)."""
+        out: list[AgentVersion] = []
+        cursor: str | None = None
+        while True:
+            page = self._get(AgentVersions, f"/agents/{_seg(name, 'name')}/versions", limit=100, cursor=cursor)
+            out += page.versions
+            if not page.next_cursor:
+                return out
+            cursor = page.next_cursor
 
     def set_alias(
         self, name: str, alias: str, version: int, canary: tuple[int, int] | None = None,

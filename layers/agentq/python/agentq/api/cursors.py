@@ -1,6 +1,7 @@
-"""The page cursors of the API's listings (``GET /tasks``, a trace, a memory store's documents):
-opaque base64url JSON that names its listing, and ``InvalidCursor`` (400) for any cursor this API
-did not issue; and ``fitting``, how much of a page fits one answer."""
+"""The page cursors of the API's listings (``GET /tasks``, a trace, a memory store's documents, an
+agent's or a document's versions, the schedules, a policy history): opaque base64url JSON that
+names its listing, and ``InvalidCursor`` (400) for any cursor this API did not issue; and
+``fitting`` and ``within_budget``, how much of a page fits one answer."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from agentq.api.models import (
     CURSOR_PATTERN,
+    LISTING_PAGE_BYTES,
     MAX_CURSOR_CHARS,
 )
 from agentq.core.errors import ValidationError
@@ -38,6 +42,18 @@ def fitting(sizes: Iterable[int], budget: int) -> int:
             break
         kept += 1
     return kept
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def within_budget(found: Sequence[M], more: bool, budget: int = LISTING_PAGE_BYTES) -> tuple[list[M], bool]:
+    """Of a page read (``found``; ``more``: the listing goes on past it), the items that fit
+    ``budget`` bytes as JSON (escaped, as the answer writes them), and whether the listing goes on
+    past those: a listing of whole long items (agent definitions, documents, rules) is paged by
+    size as well as by ``limit``, so no page passes what a Lambda may answer."""
+    kept = list(found[: fitting((len(json.dumps(m.model_dump(mode="json"))) for m in found), budget)])
+    return kept, more or len(kept) < len(found)
 
 
 def encode_cursor(kind: str, value: Any) -> str:
@@ -68,3 +84,15 @@ def decode_cursor(kind: str, cursor: str, *, max_chars: int = MAX_CURSOR_CHARS) 
     if not isinstance(data, dict) or data.get("k") != kind or "v" not in data:
         raise InvalidCursor(f"cursor does not belong to this listing ({kind})", field="cursor")
     return data["v"]
+
+
+def version_after(kind: str, cursor: str, listing: list[str], *, max_chars: int = MAX_CURSOR_CHARS) -> int:
+    """The version a cursor of ``kind`` issued for this ``listing`` (the route's names: an agent,
+    a store and path, a scope) goes on after. A cursor of another listing, even of the same kind
+    (another agent's versions), is ``InvalidCursor``."""
+    value = decode_cursor(kind, cursor, max_chars=max_chars)
+    if not isinstance(value, list) or len(value) != len(listing) + 1 or value[:-1] != listing:
+        raise InvalidCursor(f"cursor does not belong to this listing ({kind} of {listing})", field="cursor")
+    if not (type(value[-1]) is int and 1 <= value[-1] < 1_000_000_000):
+        raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
+    return value[-1]

@@ -123,12 +123,18 @@ class Agents:
             raise AgentNotFound(f"no version {version} of agent {name!r}", field="agent")
         return _version(item)
 
-    def versions(self, tenant: str, name: str) -> list[AgentVersion]:
-        """Every version of ``name``, newest first."""
-        items = self.table.query(keys.agent_pk(tenant, name), prefix="V#", descending=True)
-        if not items:
+    def versions(
+        self, tenant: str, name: str, *, limit: int, before: int | None = None
+    ) -> tuple[list[AgentVersion], bool]:
+        """Up to ``limit`` versions of ``name``, newest first, older than ``before`` (a page's last
+        version); and whether there are more."""
+        after = keys.agent_version_sk(before) if before is not None else None
+        items = self.table.query(
+            keys.agent_pk(tenant, name), prefix="V#", descending=True, limit=limit + 1, after=after
+        )
+        if not items and before is None:
             raise AgentNotFound(f"no agent {name!r}", field="agent")
-        return [_version(item) for item in items]
+        return [_version(item) for item in items[:limit]], len(items) > limit
 
     def list(self, tenant: str) -> list[AgentSummary]:
         """A tenant's agents by name, each with its latest version."""

@@ -2,7 +2,7 @@
 // that runs one (POST /tasks with `agent`, a version or an alias, so the version is pinned and
 // validated as any submission is).
 
-import { get, post } from "./api.js";
+import { all, get, post } from "./api.js";
 import { errorPage, fmtAgo, fmtTime, h, json, replace } from "./dom.js";
 import { jsonForm } from "./json_form.js";
 import { qualityCard } from "./quality.js";
@@ -65,7 +65,7 @@ export async function agentPage(ctx, name) {
   const path = `agents/${encodeURIComponent(name)}`;
   let history;
   try {
-    history = await get(`${path}/versions`);
+    history = { versions: await all(`${path}/versions`, "versions", 100) };  // every page
   } catch (err) {
     errorPage(ctx.main, h("span", {}, "Agent ", h("span", { class: "mono" }, name)), err, { href: "#/agents", text: "Back to the agents" });
     return;
@@ -146,7 +146,7 @@ export async function agentPage(ctx, name) {
     label: "Create version",
     send: async (spec) => {
       const out = await post("agents", { ...spec, name });
-      history = await get(`${path}/versions`);
+      history = { versions: await all(`${path}/versions`, "versions", 100) };  // every page
       fillPicker(out.agent.version);
       draw();
       notice.textContent = out.created ? `Created ${out.agent.ref}.` : `Unchanged: ${out.agent.ref} is already this definition.`;

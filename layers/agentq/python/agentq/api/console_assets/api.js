@@ -103,7 +103,8 @@ export const post = (path, body) => request("POST", path, body === undefined ? {
 export const put = (path, body) => request("PUT", path, body);
 export const del = (path) => request("DELETE", path);
 
-// Every page of a paginated listing (trace, memory stores and documents), following next_cursor.
+// Every page of a paginated listing (trace, memory stores and documents, versions, schedules, a
+// policy history), following next_cursor. `limit` within the listing's own bound (versions: 100).
 export async function all(path, field, limit = 200) {
   const out = [];
   let cursor = null;

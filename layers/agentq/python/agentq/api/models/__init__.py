@@ -25,9 +25,11 @@ from agentq.api.models.base import DEFAULT_PAGE_SIZE as DEFAULT_PAGE_SIZE
 from agentq.api.models.base import DEFAULT_TRACE_PAGE as DEFAULT_TRACE_PAGE
 from agentq.api.models.base import GOAL_PREVIEW_CHARS as GOAL_PREVIEW_CHARS
 from agentq.api.models.base import IDEMPOTENCY_KEY_PATTERN as IDEMPOTENCY_KEY_PATTERN
+from agentq.api.models.base import LISTING_PAGE_BYTES as LISTING_PAGE_BYTES
 from agentq.api.models.base import MAX_BODY_BYTES as MAX_BODY_BYTES
 from agentq.api.models.base import MAX_CURSOR_CHARS as MAX_CURSOR_CHARS
 from agentq.api.models.base import MAX_EVENT_PAGE as MAX_EVENT_PAGE
+from agentq.api.models.base import MAX_LISTING_PAGE as MAX_LISTING_PAGE
 from agentq.api.models.base import MAX_MESSAGE_PAGE as MAX_MESSAGE_PAGE
 from agentq.api.models.base import MAX_NOTE_CHARS as MAX_NOTE_CHARS
 from agentq.api.models.base import MAX_PAGE_SIZE as MAX_PAGE_SIZE

@@ -35,6 +35,11 @@ MESSAGE_PAGE_BYTES = 2_000_000
 # MESSAGE_PAGE_BYTES (a tool call's input is not cut, and 200 LLM texts of 16,000 characters
 # escaped would be some 19 MB).
 TRACE_PAGE_BYTES = 2_000_000
+# A page of a listing of whole long items (an agent's or a document's versions, the schedules, a
+# scope's policy history) as JSON: fewer than ?limit= once past it (never none), for the reason of
+# MESSAGE_PAGE_BYTES (32 versions of a 200 KB agent were 6.4 MB: API Gateway's 502).
+LISTING_PAGE_BYTES = 2_000_000
+MAX_LISTING_PAGE = 100  # ?limit= of those listings
 TRACE_TEXT_CHARS = 16_000  # longer LLM texts and tool outputs in a trace page are cut (``truncated``)
 MAX_NOTE_CHARS = 4_000
 # A held call's id names its APPROVAL# item, whose sort key DynamoDB caps at 1,024 bytes: no

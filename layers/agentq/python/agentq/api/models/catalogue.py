@@ -56,6 +56,7 @@ class TaskMoved(ApiModel):
 class AgentVersions(ApiModel):
     name: str
     versions: list[AgentVersion] = Field(description="newest first")
+    next_cursor: str | None = Field(default=None, description="pass as ?cursor= for the next page; null at the end")
 
 
 class WebhookSecret(ApiModel):

@@ -9,13 +9,15 @@ from typing import Annotated
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
+from agentq.api.cursors import encode_cursor, version_after, within_budget
 from agentq.api.errors import JSON, responses
-from agentq.api.models import AgentCreated, AgentList, AgentVersions
-from agentq.api.routes.common import ApiDeps, Router, builtin_script_only
+from agentq.api.models import MAX_LISTING_PAGE, AgentCreated, AgentList, AgentVersions
+from agentq.api.routes.common import ApiDeps, ListingLimit, PageCursor, Router, builtin_script_only
 from agentq.control.agents import create_agent
 from agentq.core.agents import NAME_PATTERN, AgentSpec, AgentVersion
 
 AgentName = Annotated[str, Path(pattern=NAME_PATTERN, description="an agent's name")]
+VERSIONS_CURSOR = "agent_versions"
 
 
 def router(deps: ApiDeps) -> Router:
@@ -61,12 +63,18 @@ def router(deps: ApiDeps) -> Router:
 
     @routes.get(
         "/agents/<name>/versions",
-        summary="Every version of an agent, newest first",
+        summary="An agent's versions, newest first, a page at a time",
+        description="A page holds fewer than `limit` versions once they pass 2 MB as JSON (never none): follow "
+        "`next_cursor`.",
         operation_id="listAgentVersions",
         tags=["agents"],
-        responses=responses(200, AgentVersions, 404, 422),
+        responses=responses(200, AgentVersions, 400, 404, 422),
     )
-    def versions(name: AgentName) -> AgentVersions:
-        return AgentVersions(name=name, versions=store.agents.versions(tenant(), name))
+    def versions(name: AgentName, limit: ListingLimit = MAX_LISTING_PAGE, cursor: PageCursor = None) -> AgentVersions:
+        before = version_after(VERSIONS_CURSOR, cursor, [name]) if cursor else None
+        found, more = store.agents.versions(tenant(), name, limit=limit, before=before)
+        page, more = within_budget(found, more)
+        next_cursor = encode_cursor(VERSIONS_CURSOR, [name, page[-1].version]) if more and page else None
+        return AgentVersions(name=name, versions=page, next_cursor=next_cursor)
 
     return routes

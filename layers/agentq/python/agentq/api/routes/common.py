@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar, cast
 from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 
-from agentq.api.models import CURSOR_PATTERN, MAX_CURSOR_CHARS, TASK_ID_PATTERN
+from agentq.api.models import CURSOR_PATTERN, MAX_CURSOR_CHARS, MAX_LISTING_PAGE, TASK_ID_PATTERN
 from agentq.control.defaults import Defaults
 from agentq.core.endusers import MAX_USER_CHARS, USER_PATTERN, Caller
 from agentq.core.errors import ValidationError
@@ -40,6 +40,15 @@ def page_cursor(max_chars: int = MAX_CURSOR_CHARS) -> Any:
 
 
 PageCursor = Annotated[str | None, page_cursor()]
+# ?limit= of a listing of whole long items (versions, schedules, rules): a page holds fewer once
+# they pass LISTING_PAGE_BYTES as JSON.
+ListingLimit = Annotated[
+    int,
+    Query(
+        ge=1, le=MAX_LISTING_PAGE,
+        description=f"items per page, at most {MAX_LISTING_PAGE} (fewer once they pass 2 MB as JSON): follow next_cursor",
+    ),
+]  # fmt: skip
 
 
 def user_query(description: str) -> Any:
