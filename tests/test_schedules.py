@@ -26,6 +26,10 @@ from agentq.runtime import build_queues, build_registry, build_store
 from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment, queue_depth
+from tests.lambda_support import LAMBDA_RESPONSE_BYTES, lambda_pages
+from tests.test_api_routes import Api, api
+
+__all__ = ["api"]  # the deployment of tests/test_api_routes.py: the Lambda handler, its own table
 
 
 def _at(text: str) -> float:
@@ -657,3 +661,31 @@ def test_a_schedule_stored_before_its_expression_was_refused_is_listed_counted_f
     assert store.tasks.get_many([fire_task_id("acme", "old", due)]) == []
     delete_schedule(store, tenant="acme", name="old")
     assert [s.spec.name for s in store.schedules.list()] == ["nightly"]
+
+
+def test_the_schedules_are_listed_in_pages_each_within_one_lambda_answer(api: Api) -> None:
+    """32 schedules of a 200 KB submission were 6.4 MB in one answer: past the 6 MB a Lambda may
+    answer (API Gateway's 502, and no cursor to read less). Pages stop at ?limit= or 2 MB, and
+    following next_cursor lists each schedule once, by name."""
+    import uuid
+
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    names = [f"big{i:02d}" for i in range(32)]
+    for name in names:
+        sub = {"goal": "g", "provider": "scripted", "script": {"turns": [{"text": "y" * 200_000}]}}
+        made = api.call("POST", "/schedules", {"name": name, "expression": "rate(1 day)", "submission": sub},
+                        tenant=tenant)  # fmt: skip
+        assert made[0] == 201, made[1]
+    listed, sizes = lambda_pages(api, "/schedules", "schedules", tenant)
+    assert [s["name"] for s in listed] == names
+    assert len(sizes) > 1 and max(sizes) < LAMBDA_RESPONSE_BYTES / 2, sizes
+    listed, sizes = lambda_pages(api, "/schedules?limit=10", "schedules", tenant)
+    assert [s["name"] for s in listed] == names and len(sizes) == 4
+    for limit in (0, 101, "x"):
+        status, body, _ = api.call("GET", f"/schedules?limit={limit}", tenant=tenant)
+        assert (status, body["error"]["field"]) == (422, "limit"), body
+    from agentq.api.cursors import encode_cursor
+
+    for cursor in (encode_cursor("agent_versions", ["big", 2]), encode_cursor("schedules", "A#b"), "e30", "no!"):
+        status, body, _ = api.call("GET", f"/schedules?cursor={cursor}", tenant=tenant)
+        assert (status, body["error"]["code"], body["error"]["field"]) == (400, "invalid_cursor", "cursor"), body

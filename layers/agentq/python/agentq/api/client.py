@@ -145,7 +145,15 @@ class Client(AgentCalls):
         return ScheduleView.model_validate(self.request("POST", "/schedules", spec, retry=True))
 
     def list_schedules(self) -> list[ScheduleView]:
-        return self._get(ScheduleList, "/schedules").schedules
+        """Every schedule, by name (following the pages: one holds at most 2 MB)."""
+        out: list[ScheduleView] = []
+        cursor: str | None = None
+        while True:
+            page = self._get(ScheduleList, "/schedules", limit=100, cursor=cursor)
+            out += page.schedules
+            if not page.next_cursor:
+                return out
+            cursor = page.next_cursor
 
     def get_schedule(self, name: str) -> ScheduleView:
         return self._get(ScheduleView, f"/schedules/{_seg(name, 'name')}")

@@ -82,6 +82,13 @@ class Schedules:
         items = self.table.query(PARTITION, prefix=f"{tenant}#" if tenant is not None else None)
         return [_schedule(plain(i)) for i in items]
 
+    def page(self, tenant: str, *, limit: int, after: str | None = None) -> tuple[list[Schedule], bool]:
+        """Up to ``limit`` of a tenant's schedules by name, after the name ``after``; and whether
+        there are more (a listing's page: each schedule holds a whole submission)."""
+        start = f"{tenant}#{after}" if after is not None else None
+        items = self.table.query(PARTITION, prefix=f"{tenant}#", limit=limit + 1, after=start)
+        return [_schedule(plain(i)) for i in items[:limit]], len(items) > limit
+
     def delete(self, tenant: str, name: str) -> None:
         if self.table.delete(self._key(tenant, name)) is None:
             raise ScheduleNotFound(f"no schedule {name!r}", field="name")

@@ -2,7 +2,7 @@
 // the fires refused (their latest reason on hover);
 // delete one (asked twice: the button turns into a confirmation).
 
-import { del, get } from "./api.js";
+import { all, del } from "./api.js";
 import { fmtInt, fmtTime, h, json, replace, shortId, taskLink } from "./dom.js";
 
 export function schedulesPage(ctx) {
@@ -19,7 +19,7 @@ export function schedulesPage(ctx) {
 
   let shown = "";
   async function refresh(force) {
-    const page = await get("schedules");
+    const page = { schedules: await all("schedules", "schedules", 100) };  // every page
     const sig = JSON.stringify(page);
     if (sig === shown && !force) return;
     shown = sig;

@@ -86,4 +86,5 @@ class ScheduleView(ApiModel):
 
 
 class ScheduleList(ApiModel):
-    schedules: list[ScheduleView]
+    schedules: list[ScheduleView] = Field(description="by name")
+    next_cursor: str | None = Field(default=None, description="pass as ?cursor= for the next page; null at the end")
