@@ -21,6 +21,10 @@ from typing import Any
 
 from tests.api_support import ApiStack
 from tests.helpers import call, run_agentq
+from tests.lambda_support import LAMBDA_RESPONSE_BYTES, lambda_pages
+from tests.test_api_routes import Api, api
+
+__all__ = ["api"]  # the deployment of tests/test_api_routes.py: the Lambda handler, its own table
 
 
 def _agent(api: ApiStack, turns: list[dict[str, Any]], key: str | None = "default") -> str:
@@ -290,3 +294,29 @@ def _key_id(api: ApiStack, key: str) -> str:
     found = api.stack.keys().lookup(key)
     assert found is not None
     return found.key_id
+
+
+def test_a_scope_s_history_is_listed_in_pages_each_within_one_lambda_answer(api: Api) -> None:
+    """100 versions of 64,000-character rules were 6.4 MB in one answer: past the 6 MB a Lambda
+    may answer (API Gateway's 502, and no cursor to read less). Pages stop at ?limit= or 2 MB,
+    and following next_cursor lists each version once, newest first."""
+    import uuid
+
+    from agentq.api.cursors import encode_cursor
+
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    for i in range(100):
+        text = f"// {i} " + "c" * 63_800 + f'\n@id("r{i}")\nforbid(principal, action == Action::"tool", resource);'
+        assert api.call("PUT", "/policies/tenant", {"policies": text}, tenant=tenant)[0] == 201
+    listed, sizes = lambda_pages(api, "/policies/tenant/history", "policies", tenant)
+    assert [d["version"] for d in listed] == list(range(100, 0, -1))
+    assert len(sizes) > 1 and max(sizes) < LAMBDA_RESPONSE_BYTES / 2, sizes
+    listed, sizes = lambda_pages(api, "/policies/tenant/history?limit=30", "policies", tenant)
+    assert [d["version"] for d in listed] == list(range(100, 0, -1)) and len(sizes) == 4
+    for limit in (0, 101, "x"):
+        status, body, _ = api.call("GET", f"/policies/tenant/history?limit={limit}", tenant=tenant)
+        assert (status, body["error"]["field"]) == (422, "limit"), body
+    for cursor in (encode_cursor("policy_history", ["agent:a", 5]), encode_cursor("policy_history", ["tenant", 0]),
+                   encode_cursor("agent_versions", ["tenant", 5]), "e30", "no!"):  # fmt: skip
+        status, body, _ = api.call("GET", f"/policies/tenant/history?cursor={cursor}", tenant=tenant)
+        assert (status, body["error"]["code"], body["error"]["field"]) == (400, "invalid_cursor", "cursor"), body

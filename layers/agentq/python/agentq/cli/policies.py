@@ -56,7 +56,12 @@ def _cmd_policy(args: argparse.Namespace) -> int:
         return 0
     if command in ("list", "history"):
         path = "/policies" if command == "list" else f"/policies/{args.scope}/history"
-        docs = client.request("GET", path)["policies"]
+        docs, cursor = [], None
+        while True:  # a history comes in pages (at most 2 MB each): every one
+            page = client.request("GET", path, query={"cursor": cursor} if cursor else None)
+            docs += page["policies"]
+            if not (cursor := page.get("next_cursor")):
+                break
         if args.json:
             print(json.dumps(docs, indent=2))
             return 0

@@ -93,6 +93,20 @@ class Policies:
             raise PolicyNotFound(f"no rules for {scope}", field="scope")
         return [_document(tenant, item) for item in items]
 
+    def history_page(
+        self, tenant: str, scope: str, *, limit: int, before: int | None = None
+    ) -> tuple[list[PolicyDocument], bool]:
+        """Up to ``limit`` of ``scope``'s versions, newest first, older than ``before`` (a page's
+        last version); and whether there are more (each version is a text of up to 64,000 characters)."""
+        after = keys.policy_version_sk(scope, before) if before is not None else None
+        items = self.table.query(
+            keys.tenant_pk(tenant), prefix=keys.policy_version_prefix(scope), descending=True, limit=limit + 1,
+            after=after,
+        )  # fmt: skip
+        if not items and before is None:
+            raise PolicyNotFound(f"no rules for {scope}", field="scope")
+        return [_document(tenant, item) for item in items[:limit]], len(items) > limit
+
 
 def _document(tenant: str, item: Item) -> PolicyDocument:
     data = plain(item)

@@ -4,7 +4,7 @@
 // Read-only: rules are written with `agentq policy put` (PUT /policies/{scope}, checked in full).
 // A tool call's decision in a task's trace is drawn by policyTags (task.js).
 
-import { get, post } from "./api.js";
+import { all, get, post } from "./api.js";
 import { fmtAgo, fmtTime, h, replace } from "./dom.js";
 
 const POLL_MS = 5000;
@@ -35,7 +35,7 @@ export function policiesPage(ctx) {
   }
 
   async function showHistory(scope) {
-    const versions = (await get(`policies/${encodeURIComponent(scope)}/history`)).policies;
+    const versions = await all(`policies/${encodeURIComponent(scope)}/history`, "policies", 100);  // every page
     const text = h("pre", { class: "cedar", id: "policy-version-text" }, versions.length ? versions[0].policies : "");
     const pick = (doc) => {
       text.textContent = doc.policies || "(no rules: this version removed them)";

@@ -60,6 +60,9 @@ class PolicyWritten(ApiModel):
 
 class PolicyList(ApiModel):
     policies: list[PolicyView]
+    next_cursor: str | None = Field(
+        default=None, description="a history's: pass as ?cursor= for the next page; null at the end"
+    )
 
 
 class PolicyCallSample(StrictModel):

@@ -11,7 +11,9 @@ from typing import Annotated
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
+from agentq.api.cursors import encode_cursor, version_after, within_budget
 from agentq.api.errors import JSON, responses
+from agentq.api.models import MAX_LISTING_PAGE
 from agentq.api.models.policies import (
     PolicyDecision,
     PolicyList,
@@ -22,12 +24,13 @@ from agentq.api.models.policies import (
     PolicyView,
     PolicyWritten,
 )
-from agentq.api.routes.common import ApiDeps, Router
+from agentq.api.routes.common import ApiDeps, ListingLimit, PageCursor, Router
 from agentq.control.policies import put_policy, test_policy, verdict_view
 from agentq.core.policies import SCHEMA, SCOPE_PATTERN, PolicyCall, PolicyDocument, Principal, TaskFacts
 from agentq.core.policies.rules import describe
 
 Scope = Annotated[str, Path(pattern=SCOPE_PATTERN, description="`tenant`, or `agent:<name>`")]
+HISTORY_CURSOR = "policy_history"
 
 
 def view(doc: PolicyDocument) -> PolicyView:
@@ -105,9 +108,20 @@ def router(deps: ApiDeps) -> Router:
     ) -> PolicyView:
         return view(store.policies.get(tenant(), scope, version))
 
-    @routes.get("/policies/<scope>/history", summary="A scope's versions, newest first",
-                operation_id="getPolicyHistory", tags=["policies"], responses=responses(200, PolicyList, 404, 422))  # fmt: skip
-    def history(scope: Scope) -> PolicyList:
-        return PolicyList(policies=[view(d) for d in store.policies.history(tenant(), scope)])
+    @routes.get(
+        "/policies/<scope>/history",
+        summary="A scope's versions, newest first, a page at a time",
+        description="A page holds fewer than `limit` versions once they pass 2 MB as JSON (never none): follow "
+        "`next_cursor`.",
+        operation_id="getPolicyHistory",
+        tags=["policies"],
+        responses=responses(200, PolicyList, 400, 404, 422),
+    )
+    def history(scope: Scope, limit: ListingLimit = MAX_LISTING_PAGE, cursor: PageCursor = None) -> PolicyList:
+        before = version_after(HISTORY_CURSOR, cursor, [scope]) if cursor else None
+        found, more = store.policies.history_page(tenant(), scope, limit=limit, before=before)
+        page, more = within_budget([view(d) for d in found], more)
+        next_cursor = encode_cursor(HISTORY_CURSOR, [scope, page[-1].version]) if more and page else None
+        return PolicyList(policies=page, next_cursor=next_cursor)
 
     return routes
