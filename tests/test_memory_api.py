@@ -13,17 +13,16 @@ import pytest
 
 import agentq
 from agentq.api.client import Client, Conflict, InvalidRequest, NotFound
+from agentq.api.cursors import encode_cursor
 from agentq.cli.main import main
 from agentq.core.memory import content_sha256
 
 from tests.api_support import ApiStack
 from tests.helpers import call, dynamo
-from tests.lambda_support import FakeLambdaContext
+from tests.lambda_support import LAMBDA_RESPONSE_BYTES, FakeLambdaContext, lambda_pages
 from tests.test_api_routes import A, Api, api
 
 __all__ = ["api"]  # the deployment of tests/test_api_routes.py: the Lambda handler, its own table
-
-LAMBDA_RESPONSE_BYTES = 6 * 1024 * 1024  # a synchronous invocation's answer (API Gateway: 502 past it)
 
 
 def _name() -> str:
@@ -362,3 +361,33 @@ def test_a_bad_store_name_in_the_url_is_refused_in_words_about_a_memory_store(ap
     status, body, _ = api.call("POST", "/stops", {"agent": "Shop!"})
     assert (status, body["error"]["field"]) == (422, "agent")
     assert body["error"]["message"].startswith("agent: an agent's name: 1-64 lowercase letters")
+
+
+def test_a_document_s_versions_are_listed_in_pages_each_within_one_lambda_answer(api: Api) -> None:
+    """A 100 KB document written 62 times within its retention (an agent's notes, written by each
+    task) answered all its versions with their content at once, 6.35 MB: past the 6 MB a Lambda
+    may answer (API Gateway's 502, and no cursor to read less). Pages stop at ?limit= or 2 MB,
+    and following next_cursor lists each version once, newest first, with its content."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    assert api.call("POST", "/memory-stores", {"name": "notes"}, tenant=tenant)[0] == 201
+    for i in range(62):
+        put = api.call("PUT", "/memory-stores/notes/document?path=/notes.md",
+                       {"content": f"{i}\n" + "n" * 102_000}, tenant=tenant)  # fmt: skip
+        assert put[0] == 200, put[1]
+    url = "/memory-stores/notes/versions?path=/notes.md"
+    listed, sizes = lambda_pages(api, url, "versions", tenant)
+    assert [v["version"] for v in listed] == list(range(62, 0, -1))
+    assert [v["content"].split("\n")[0] for v in listed] == [str(i) for i in range(61, -1, -1)]
+    assert len(sizes) > 1 and max(sizes) < LAMBDA_RESPONSE_BYTES / 2, sizes
+    listed, sizes = lambda_pages(api, url + "&limit=20", "versions", tenant)
+    assert [v["version"] for v in listed] == list(range(62, 0, -1)) and len(sizes) == 4
+    for limit in (0, 101, "x"):
+        status, body, _ = api.call("GET", f"{url}&limit={limit}", tenant=tenant)
+        assert (status, body["error"]["field"]) == (422, "limit"), body
+    assert api.call("PUT", "/memory-stores/notes/document?path=/other.md", {"content": "x"}, tenant=tenant)[0] == 200
+    ours = api.call("GET", f"{url}&limit=1", tenant=tenant)[1]["next_cursor"]
+    for cursor in (ours, encode_cursor("memory_documents", ["notes", "/notes.md"]), "e30", "no!"):
+        status, body, _ = api.call(
+            "GET", f"/memory-stores/notes/versions?path=/other.md&cursor={cursor}", tenant=tenant
+        )
+        assert (status, body["error"]["code"], body["error"]["field"]) == (400, "invalid_cursor", "cursor"), body

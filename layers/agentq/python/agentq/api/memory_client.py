@@ -118,8 +118,19 @@ class MemoryStoresClient:
         )
 
     def versions(self, store: str, path: str) -> list[MemoryVersion]:
-        data = self.client.request("GET", f"{self._store(store)}/versions", query={"path": path})
-        return MemoryVersionList.model_validate(data).versions
+        """Every retained version of a document, newest first (following the pages: one holds at
+        most 2 MB)."""
+        out: list[MemoryVersion] = []
+        cursor: str | None = None
+        while True:
+            query = {"path": path, "limit": 100, "cursor": cursor}
+            page = MemoryVersionList.model_validate(
+                self.client.request("GET", f"{self._store(store)}/versions", query=query)
+            )
+            out += page.versions
+            if not page.next_cursor:
+                return out
+            cursor = page.next_cursor
 
     def redact(self, store: str, path: str, version: int) -> MemoryVersion:
         data = self.client.request("POST", f"{self._store(store)}/versions/{version}/redact", query={"path": path})

@@ -57,6 +57,7 @@ class MemoryVersionList(ApiModel):
     store: str
     path: str
     versions: list[MemoryVersion] = Field(description="newest first, while retained")
+    next_cursor: str | None = Field(default=None, description="pass as ?cursor= for the next page; null at the end")
 
 
 class MemorySearchResult(ApiModel):

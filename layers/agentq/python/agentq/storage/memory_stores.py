@@ -426,16 +426,23 @@ class MemoryStores:
 
     def versions(self, tenant: str, store: str, path: str) -> list[MemoryVersion]:
         """A document's retained versions, newest first (a deleted document's too)."""
+        return self.versions_page(tenant, store, path, limit=None)[0]
+
+    def versions_page(
+        self, tenant: str, store: str, path: str, *, limit: int | None, before: int | None = None
+    ) -> tuple[list[MemoryVersion], bool]:
+        """Up to ``limit`` (None: all) of them, older than ``before`` (a page's last version); and
+        whether there are more. ``limit`` counts expired versions read (left out)."""
         checked_path(path)
         self.get_store(tenant, store)
-        items = self.table.query(
-            keys.memory_store_pk(tenant, store), prefix=keys.memory_versions_prefix(path), descending=True
-        )
+        after = keys.memory_version_sk(path, before) if before is not None else None
+        items = self.table.query(keys.memory_store_pk(tenant, store), prefix=keys.memory_versions_prefix(path),
+                                 descending=True, limit=limit + 1 if limit else None, after=after)  # fmt: skip
         now = time.time()
-        found = [version_of(store, item) for item in items if not expired(item, now)]
-        if not found:
+        found = [version_of(store, item) for item in items[:limit] if not expired(item, now)]
+        if not found and before is None:
             raise MemoryDocumentNotFound(f"no versions of {path!r} in memory store {store!r}", field="path")
-        return found
+        return found, limit is not None and len(items) > limit
 
     def version(self, tenant: str, store: str, path: str, version: int) -> MemoryVersion:
         checked_path(path)

@@ -74,7 +74,7 @@ export async function memoryStorePage(ctx, name) {
     try {
       if (listed) {
         doc = await get(`${store(name)}/document?${q(path)}`);
-        history = (await get(`${store(name)}/versions?${q(path)}`)).versions;
+        history = await all(`${store(name)}/versions?${q(path)}`, "versions", 100);  // every page
       }
     } catch (err) {
       ctx.showError(err);

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
-from agentq.api.cursors import InvalidCursor, decode_cursor, encode_cursor
+from agentq.api.cursors import InvalidCursor, decode_cursor, encode_cursor, version_after, within_budget
 from agentq.api.errors import JSON, responses
 from agentq.api.memory_models import (
     DEFAULT_DOCUMENTS_PAGE,
@@ -31,7 +31,8 @@ from agentq.api.memory_models import (
     MemoryWrite,
     MemoryWritten,
 )
-from agentq.api.routes.common import ApiDeps, PageCursor, Router, page_cursor
+from agentq.api.models import MAX_LISTING_PAGE
+from agentq.api.routes.common import ApiDeps, ListingLimit, PageCursor, Router, page_cursor
 from agentq.core.memory import (
     MAX_PATH_BYTES,
     MAX_QUERY_CHARS,
@@ -64,7 +65,7 @@ DocPath = Annotated[
 Sha256 = Annotated[str | None, Query(pattern=SHA256_PATTERN, description="only if it still has this content_sha256")]
 TAGS = ["memory"]
 PRECONDITION = "expected_content_sha256"  # what the API calls the precondition (the store: expected_sha256)
-STORES_CURSOR, DOCUMENTS_CURSOR = "memory_stores", "memory_documents"
+STORES_CURSOR, DOCUMENTS_CURSOR, VERSIONS_CURSOR = "memory_stores", "memory_documents", "memory_versions"
 _STORE_NAME = re.compile(MEMORY_STORE_PATTERN)
 
 
@@ -232,10 +233,29 @@ def router(deps: ApiDeps) -> Router:
                 tenant(), name, path, author=person(), expected_sha256=expected_content_sha256
             )
 
-    @routes.get("/memory-stores/<name>/versions", summary="A document's versions, newest first",
-                operation_id="listMemoryVersions", tags=TAGS, responses=responses(200, MemoryVersionList, 404, 422))  # fmt: skip
-    def versions(name: StoreName, path: DocPath) -> MemoryVersionList:
-        return MemoryVersionList(store=name, path=path, versions=stores().versions(tenant(), name, path))
+    @routes.get(
+        "/memory-stores/<name>/versions",
+        summary="A document's versions with their content, newest first, a page at a time",
+        description="A page holds fewer than `limit` versions once they pass 2 MB as JSON (never none): follow "
+        "`next_cursor`.",
+        operation_id="listMemoryVersions",
+        tags=TAGS,
+        responses=responses(200, MemoryVersionList, 400, 404, 422),
+    )
+    def versions(
+        name: StoreName,
+        path: DocPath,
+        limit: ListingLimit = MAX_LISTING_PAGE,
+        cursor: Annotated[str | None, page_cursor(MAX_DOCUMENTS_CURSOR_CHARS)] = None,
+    ) -> MemoryVersionList:
+        cursor_of = [name, path]
+        before = (
+            version_after(VERSIONS_CURSOR, cursor, cursor_of, max_chars=MAX_DOCUMENTS_CURSOR_CHARS) if cursor else None
+        )
+        found, more = stores().versions_page(tenant(), name, path, limit=limit, before=before)
+        page, more = within_budget(found, more)
+        next_cursor = encode_cursor(VERSIONS_CURSOR, [*cursor_of, page[-1].version]) if more and page else None
+        return MemoryVersionList(store=name, path=path, versions=page, next_cursor=next_cursor)
 
     @routes.post(
         "/memory-stores/<name>/versions/<version>/redact",
