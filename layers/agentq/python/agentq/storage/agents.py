@@ -123,7 +123,14 @@ class Agents:
             raise AgentNotFound(f"no version {version} of agent {name!r}", field="agent")
         return _version(item)
 
-    def versions(
+    def versions(self, tenant: str, name: str) -> list[AgentVersion]:
+        """Every version of ``name``, newest first."""
+        items = self.table.query(keys.agent_pk(tenant, name), prefix="V#", descending=True)
+        if not items:
+            raise AgentNotFound(f"no agent {name!r}", field="agent")
+        return [_version(item) for item in items]
+
+    def versions_page(
         self, tenant: str, name: str, *, limit: int, before: int | None = None
     ) -> tuple[list[AgentVersion], bool]:
         """Up to ``limit`` versions of ``name``, newest first, older than ``before`` (a page's last

@@ -14,6 +14,7 @@ likewise (``last_skipped_slot``), and a repeated delivery of a skipped fire skip
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import time
@@ -82,7 +83,7 @@ class Schedules:
         items = self.table.query(PARTITION, prefix=f"{tenant}#" if tenant is not None else None)
         return [_schedule(plain(i)) for i in items]
 
-    def page(self, tenant: str, *, limit: int, after: str | None = None) -> tuple[list[Schedule], bool]:
+    def page(self, tenant: str, *, limit: int, after: str | None = None) -> tuple[builtins.list[Schedule], bool]:
         """Up to ``limit`` of a tenant's schedules by name, after the name ``after``; and whether
         there are more (a listing's page: each schedule holds a whole submission)."""
         start = f"{tenant}#{after}" if after is not None else None

@@ -72,7 +72,7 @@ def router(deps: ApiDeps) -> Router:
     )
     def versions(name: AgentName, limit: ListingLimit = MAX_LISTING_PAGE, cursor: PageCursor = None) -> AgentVersions:
         before = version_after(VERSIONS_CURSOR, cursor, [name]) if cursor else None
-        found, more = store.agents.versions(tenant(), name, limit=limit, before=before)
+        found, more = store.agents.versions_page(tenant(), name, limit=limit, before=before)
         page, more = within_budget(found, more)
         next_cursor = encode_cursor(VERSIONS_CURSOR, [name, page[-1].version]) if more and page else None
         return AgentVersions(name=name, versions=page, next_cursor=next_cursor)
