@@ -65,7 +65,8 @@ def cancel(
     slots: RunningSlots | None = None,
     fenced: Mapping[str, Task] | None = None,
 ) -> list[str]:
-    """Cancel a task and its whole subtree; returns the ids that were cancelled.
+    """Cancel a task and its whole subtree; returns the ids that were cancelled. A task that has
+    ended, or ends by itself before its own transition, is ``IllegalTransition`` (a 409).
 
     Workers running any of them stop at their next step boundary (their fenced commit finds the
     task no longer running); children not started yet never start (their message finds them
@@ -112,7 +113,7 @@ def cancel(
             )
             cancelled.append(node.task_id)
         except IllegalTransition:
-            pass  # it finished meanwhile
+            pass  # it finished meanwhile: a child is skipped; the root is said below
     # The slots of the tasks cancelled queued go back first, before anything that may raise (a
     # budget that keeps changing under settle_child, a dependent's look): nothing else would
     # give them back (see above), so task_ended below is told not to.
@@ -132,7 +133,19 @@ def cancel(
     for node in tree:
         if node.task_id in cancelled:
             task_ended(store, queues, node, TaskStatus.CANCELLED)
+    if task_id not in cancelled:  # its own end won the race: the same as a moment later (409)
+        _root_ended(store, task_id, len(cancelled))
     return cancelled
+
+
+def _root_ended(store: Storage, task_id: str, others: int) -> None:
+    """The task to cancel ended by itself between its read and its transition: a cancel that
+    cancelled nothing of what was asked is refused as one sent a moment later is (409, naming its
+    status now), never a 200 with an empty list the caller takes for success. The sub-agents it
+    did cancel are said, their consequences already taken above."""
+    now = store.tasks.get(task_id).status.value
+    also = f" ({others} of its sub-agents were cancelled)" if others else ""
+    raise IllegalTransition(f"task {task_id} is already {now}: it ended before the cancel{also}", field="task_id")
 
 
 def _keep_hold_counted(store: Storage, queues: TaskQueues | None, task: Task) -> None:
