@@ -247,6 +247,17 @@ def test_each_bad_submission_gets_its_status_and_code_and_writes_nothing(
 
 
 @pytest.mark.parametrize(
+    "content_type", ["Application/JSON", "APPLICATION/JSON; charset=utf-8", "application/vnd.agentq+json"]
+)
+def test_a_json_media_type_in_any_case_is_json(api: Api, content_type: str) -> None:
+    """RFC 9110 8.3.1: type and subtype are case-insensitive, and app.py's _is_json takes a
+    +json type too; powertools' body parsing matched "application/json" as written and answered
+    these with its own 415 (RequestUnsupportedContentType) after the resolver had let them in."""
+    status, data, _ = api.call("POST", "/tasks", SUB, headers={"Content-Type": content_type})
+    assert status == 202, data
+
+
+@pytest.mark.parametrize(
     ("path", "body", "says"),
     [("/tasks", {**SUB, "user": "bad user"},
       "user: 1-128 characters: a letter or digit, then letters, digits or . _ - @ + : |, not 'bad user'"),

@@ -103,6 +103,28 @@ def _is_json(content_type: str) -> bool:
     return media == JSON or (media.startswith("application/") and media.endswith("+json"))
 
 
+def _json_media_said_so(event: Any) -> Any:
+    """``event`` with a JSON ``Content-Type`` written as ``application/json`` (its parameters
+    kept). RFC 9110 8.3.1: a media type's type and subtype are case-insensitive, and
+    ``application/<x>+json`` is JSON too (``_is_json``); powertools parses a body only when the
+    header starts with ``application/json`` as written, and answered ``Application/JSON`` or
+    ``application/vnd.x+json`` with its own 415 after ``_guarded`` had let them through."""
+    content_type = _header(event, "content-type") if isinstance(event, Mapping) else None
+    if content_type is None or not _is_json(content_type):
+        return event
+    _, sep, params = content_type.partition(";")
+    said = JSON + (f";{params}" if sep else "")
+    if said == content_type:
+        return event
+    normal = dict(event)
+    normal["headers"] = {k: said if k.lower() == "content-type" else v for k, v in event["headers"].items()}
+    if event.get("multiValueHeaders"):
+        normal["multiValueHeaders"] = {
+            k: [said] if k.lower() == "content-type" else v for k, v in event["multiValueHeaders"].items()
+        }
+    return normal
+
+
 def is_public(path: str) -> bool:
     """Answered without a tenant: liveness, the OpenAPI document, the console's pages (no data)."""
     return path in PUBLIC_PATHS or console.is_console(path)
@@ -208,6 +230,7 @@ class AgentqResolver(APIGatewayRestResolver):
         self._state.processed_stack_frames = value
 
     def resolve(self, event: Any, context: Any) -> dict[str, Any]:
+        event = _json_media_said_so(event)
         state = _RequestState(
             event=self._to_proxy_event(event), lambda_context=context, context=dict(self._startup.context)
         )
