@@ -408,6 +408,11 @@ def _tasks_of_key(api_stack: ApiStack, name: str, key: str) -> list[Any]:
             -32700,
         ),  # a lone surrogate
         (
+            None,
+            b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "method": "SendMessage", "params": {"id": "x"}}',
+            -32600,
+        ),  # a member named twice: which one is meant is not said (api/body_guard.py)
+        (
             {
                 "jsonrpc": "2.0",
                 "id": 1,

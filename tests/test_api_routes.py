@@ -247,6 +247,25 @@ def test_each_bad_submission_gets_its_status_and_code_and_writes_nothing(
 
 
 @pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ('{"goal":"a","provider":"scripted","script":{"turns":[{"text":"hi"}]},'
+         '"constraints":{"max_tokens":10},"constraints":{"max_tokens":1000000}}', "constraints"),
+        ('{"goal":"a","provider":"scripted","script":{"turns":[{"text":"hi"}]},'
+         '"constraints":{"max_tokens":10,"max_tokens":1000000}}', "constraints.max_tokens"),
+    ],
+)  # fmt: skip
+def test_a_body_naming_a_field_twice_is_refused_naming_it(api: Api, raw: str, field: str) -> None:
+    """{"constraints": {...}, "constraints": {...}}: json.loads keeps the last and the task was
+    created with it; nothing said the first was dropped (a proxy, log or WAF reading the first
+    sees other limits than the ones that run)."""
+    before = api.items()
+    status, data, _ = api.call("POST", "/tasks", raw=raw)
+    assert status == 422 and error(data) == {**error(data), "code": "duplicate_field", "field": field}, data
+    assert api.items() == before
+
+
+@pytest.mark.parametrize(
     "content_type", ["Application/JSON", "APPLICATION/JSON; charset=utf-8", "application/vnd.agentq+json"]
 )
 def test_a_json_media_type_in_any_case_is_json(api: Api, content_type: str) -> None:

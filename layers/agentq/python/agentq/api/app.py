@@ -242,7 +242,7 @@ class AgentqResolver(APIGatewayRestResolver):
 
     def _checked(self, event: Any, context: Any) -> dict[str, Any]:
         answer = self._guarded(event, context)
-        refused = answer is not None and answer.get("statusCode") in (400, 413, 415)
+        refused = answer is not None and answer.get("statusCode") in (400, 413, 415, 422)
         if refused and answer is not None and a2a_route.is_rpc_path(str(event.get("path") or "")):
             # in JSON-RPC's words for an A2A client
             return a2a_route.rpc_refusal(int(answer["statusCode"]), json.loads(answer["body"])["error"]["message"])
@@ -280,7 +280,8 @@ class AgentqResolver(APIGatewayRestResolver):
         try:
             check_body(event)
         except BodyProblem as problem:
-            return proxy_error(400, "invalid_body", problem.message, problem.field)
+            code = "invalid_body" if problem.status == 400 else "duplicate_field"
+            return proxy_error(problem.status, code, problem.message, problem.field)
         return None
 
     def _convert_matches_into_route_keys(self, match: Match[str]) -> dict[str, str]:

@@ -9,6 +9,11 @@ write, so it fails later, when the task is stored, and ``NaN``, ``Infinity`` or 
 float's range (``1e400``), which ``json`` accepts but pydantic stores as ``null``: the item read
 back is not the one validated, and each read of it (a tenant's whole listing) failed. Each is
 a 400 naming where it is, and nothing is written.
+
+A field named twice in one object (``{"constraints": {...}, "constraints": {...}}``) is a 422
+naming it: ``json`` keeps the last silently, so a proxy, a log or a WAF reading the first saw
+other limits than the ones that ran (RFC 8259 4: such an object's meaning is unpredictable).
+The A2A and MCP endpoints' JSON-RPC bodies pass this guard too (the resolver's, before any route).
 """
 
 from __future__ import annotations
@@ -50,11 +55,30 @@ def _parse_float(text: str) -> float | _NotFinite:
     return value if math.isfinite(value) else _NotFinite(text)
 
 
+class _Twice:
+    """An object naming ``key`` more than once, kept so the walk can say where it is."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any] | _Twice:
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            return _Twice(key)
+        value[key] = item
+    return value
+
+
 class BodyProblem(Exception):
-    def __init__(self, message: str, field: str) -> None:
+    """``status``: 400 for JSON no parser or store takes whole, 422 for a field named twice."""
+
+    def __init__(self, message: str, field: str, status: int = 400) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        self.status = status
 
 
 def check_body(event: Mapping[str, Any]) -> None:
@@ -68,7 +92,9 @@ def check_body(event: Mapping[str, Any]) -> None:
         except (binascii.Error, UnicodeDecodeError) as exc:
             raise BodyProblem(f"body is not UTF-8 text: {exc}", "body") from exc
     try:
-        value = json.loads(raw, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_NotFinite)
+        value = json.loads(
+            raw, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_NotFinite, object_pairs_hook=_object
+        )
     except RecursionError as exc:
         raise BodyProblem(f"body nests deeper than {MAX_DEPTH} levels", "body") from exc
     except ValueError:  # not JSON at all: the resolver's own answer (400 invalid_json) names it
@@ -87,6 +113,9 @@ def _walk(root: Any) -> None:
             raise BodyProblem(f"{path or 'body'}: an integer of {value.digits} digits", path or "body")
         if isinstance(value, _NotFinite):
             raise BodyProblem(f"{path or 'body'}: {value.text} is not a JSON number", path or "body")
+        if isinstance(value, _Twice):
+            where = f"{path}.{value.key}" if path else value.key
+            raise BodyProblem(f"{where}: given twice in one object (send each field once)", where, 422)
         if isinstance(value, str):
             _text(value, path)
         elif isinstance(value, dict):

@@ -55,7 +55,7 @@ def is_rpc_path(path: str) -> bool:
 def rpc_refusal(status: int, message: str) -> dict[str, Any]:
     """A refusal of the API's guard in JSON-RPC's words: a body that is not JSON (or not
     readable as it) is a parse error, a body not sent as JSON the protocol's
-    ContentTypeNotSupported, anything else (too large) an invalid request; HTTP 200, as the SDK
+    ContentTypeNotSupported, anything else (too large, a member named twice) an invalid request; HTTP 200, as the SDK
     answers every JSON-RPC error, so a client reads it as the protocol's error."""
     code = {400: PARSE_ERROR, 415: CONTENT_TYPE_NOT_SUPPORTED}.get(status, INVALID_REQUEST)
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
