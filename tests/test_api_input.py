@@ -67,6 +67,12 @@ def test_the_cli_names_an_empty_task_id_and_exits_2_sending_nothing(cli: Callabl
     assert "Traceback" not in ran.stderr and "no route" not in ran.stderr
 
 
+def test_the_cli_refuses_a_metadata_key_given_twice_and_exits_2_sending_nothing(cli: Callable[..., Ran]) -> None:
+    """One value a key: `--metadata team=blue --metadata team=red` kept red without a word."""
+    ran = cli("submit", "g", "--metadata", "team=blue", "--metadata", "team=red", "--url", NOWHERE)
+    assert ran.returncode == 2 and "--metadata: key 'team' given twice" in ran.stderr, ran
+
+
 # ------------------------------------------------------------------ body bytes
 
 NOT_UTF8 = b'{"goal": "caf\xe9", "provider": "scripted", "script": "first_task"}'

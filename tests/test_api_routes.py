@@ -382,6 +382,20 @@ def test_a_metadata_search_finds_matching_tasks_past_the_newest_pages_and_pages_
     assert status == 422 and error(data)["field"] == "metadata"
 
 
+def test_a_metadata_filter_naming_one_key_twice_is_a_422_and_never_lists_a_task_matching_only_the_last(
+    api: Api,
+) -> None:
+    """GET /tasks?metadata=k=v, repeated: "only tasks whose metadata has it (repeat: every pair)".
+    core/metadata.py parse_pairs kept the last value of a key, so team=blue&team=red listed a
+    task of team red, which does not have team=blue (the order of the pairs decided the answer)."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    api.submit({**SUB, "metadata": {"team": "red"}}, tenant=tenant)
+    for query in ("metadata=team=blue&metadata=team=red", "metadata=team=red&metadata=team=red"):
+        status, data, _ = api.call("GET", f"/tasks?{query}", tenant=tenant)
+        assert status == 422 and error(data)["field"] == "metadata", data
+        assert "'team' given twice" in error(data)["message"]
+
+
 @pytest.mark.parametrize(
     ("query", "status", "field"),
     [("limit=0", 422, "limit"), ("limit=101", 422, "limit"), ("limit=ten", 422, "limit"), ("status=bogus", 422, "status"),

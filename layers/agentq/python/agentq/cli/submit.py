@@ -24,7 +24,8 @@ def parse_metadata(pairs: list[str]) -> dict[str, str]:
     try:
         return parse_pairs(pairs)
     except BadPair as exc:
-        raise UsageError(f"--metadata takes KEY=VALUE, not {exc.pair!r}", field="metadata") from None
+        said = f"--metadata: {exc}" if exc.twice else f"--metadata takes KEY=VALUE, not {exc.pair!r}"
+        raise UsageError(said, field="metadata") from None
 
 
 def load_script(value: str) -> Any:

@@ -115,7 +115,7 @@ def router(deps: ApiDeps) -> Router:
             Query(
                 max_length=10,
                 description="key=value (the first '=' splits it; the key is not empty, the value may be): only "
-                "tasks whose metadata has it (repeat: every pair; anything else is 422 naming metadata). Read in "
+                "tasks whose metadata has it (repeat: every pair, each key once; anything else is 422 naming metadata). Read in "
                 f"pages and filtered, at most {views.METADATA_SCAN_LIMIT} tasks a call: follow next_cursor for more",
                 json_schema_extra={"items": {"type": "string", "pattern": "^[^=]+="}},
             ),
