@@ -179,6 +179,33 @@ def test_a_single_valued_query_parameter_given_twice_is_a_422_naming_it(
     assert status == 422 and body["error"]["field"] == field and body["error"]["message"].startswith(words), body
 
 
+def test_the_local_server_answers_head_as_its_get_without_a_body_or_a_wrong_length(api_stack: ApiStack) -> None:
+    """RFC 9110 8.6: a HEAD's Content-Length, if sent, is its GET's; the body the resolver drops
+    must not be announced as 0 bytes. Two requests on one connection: the HEAD's answer ends where
+    its headers do."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(api_stack.url)
+    conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=30)
+    auth = {"Authorization": f"Bearer {api_stack.key}"} if api_stack.key else {}
+    try:
+        conn.request("GET", "/tasks?limit=1", headers=auth)
+        got = conn.getresponse()
+        got.read()
+        conn.request("HEAD", "/tasks?limit=1", headers=auth)
+        head = conn.getresponse()
+        assert head.status == 200 and head.read() == b""
+        assert head.getheader("ETag") == got.getheader("ETag") and head.getheader("Content-Length") in (
+            None,
+            got.getheader("Content-Length"),
+        )
+        conn.request("GET", "/tasks?limit=1", headers=auth)  # the same connection still reads answers
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+
+
 def test_a_list_parameter_still_repeats(api_stack: ApiStack) -> None:
     status, page, _ = api_stack.http("GET", "/tasks?metadata=a=1&metadata=b=2&limit=5")
     assert status == 200 and page["tasks"] == [], page

@@ -745,9 +745,23 @@ def test_unknown_routes_are_404_and_wrong_methods_405(api: Api) -> None:
     status, data, _ = api.call("GET", "/nowhere")
     assert status == 404 and error(data)["code"] == "route_not_found"
     status, data, headers = api.call("DELETE", "/tasks")
-    assert status == 405 and error(data)["code"] == "method_not_allowed" and headers["Allow"] == "GET, POST"
+    assert status == 405 and error(data)["code"] == "method_not_allowed" and headers["Allow"] == "GET, HEAD, POST"
     status, data, headers = api.call("GET", "/tasks/abc/cancel")
     assert status == 405 and headers["Allow"] == "POST"
+
+
+def test_head_is_answered_as_its_get_with_the_same_status_and_headers_and_no_body(api: Api) -> None:
+    """RFC 9110 9.3.2: a server that answers GET answers HEAD too; each GET route was a 405."""
+    task_id = api.submit()
+    _, view, got_headers = api.call("GET", f"/tasks/{task_id}")
+    status, data, headers = api.call("HEAD", f"/tasks/{task_id}")
+    assert (status, data) == (200, None) and view["task_id"] == task_id
+    assert headers["ETag"] == got_headers["ETag"] and headers["Content-Type"] == "application/json"
+    status, _, _ = api.call("HEAD", f"/tasks/{task_id}", headers={"If-None-Match": got_headers["ETag"]})
+    assert status == 304
+    assert api.call("HEAD", "/tasks/nope")[:2] == (404, None)
+    status, data, headers = api.call("HEAD", "/tasks/abc/cancel")  # no GET here: nor a HEAD
+    assert (status, data, headers["Allow"]) == (405, None, "POST")
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ pydantic (``api.models``) and the OpenAPI document at ``/openapi.json`` is gener
 The resolver itself answers what must be decided before a body is parsed or a route runs:
 413 (body too large), 415 (a body not sent as ``application/json``, or sent without a
 ``Content-Type``), 401 (no tenant), 400 (a path segment whose escapes are not UTF-8), and after
-routing 404/405 for a path or method no route serves. Routes match the path as sent, still
+routing 404/405 for a path or method no route serves (a HEAD is answered as its GET, without the body). Routes match the path as sent, still
 percent-encoded (as API Gateway's REST proxy event carries it); each route parameter is decoded
 after the match, so an encoded ``/`` stays inside its parameter.
 
@@ -170,6 +170,7 @@ class _RequestState:
     lambda_context: Any = None
     context: dict[str, Any] = field(default_factory=dict)
     processed_stack_frames: list[str] = field(default_factory=list)
+    head: bool = False  # a HEAD, answered as its GET without the body
 
 
 class AgentqResolver(APIGatewayRestResolver):
@@ -231,14 +232,21 @@ class AgentqResolver(APIGatewayRestResolver):
 
     def resolve(self, event: Any, context: Any) -> dict[str, Any]:
         event = _json_media_said_so(event)
+        # RFC 9110 9.3.2: a server that answers GET answers HEAD too, with the GET's status and
+        # headers (its ETag included) and no body. Answered as the GET it asks about: the same
+        # checks (a token's reads), the same route, then the body dropped.
+        head = isinstance(event, Mapping) and str(event.get("httpMethod") or "").upper() == "HEAD"
+        if head:
+            event = {**event, "httpMethod": "GET"}
         state = _RequestState(
-            event=self._to_proxy_event(event), lambda_context=context, context=dict(self._startup.context)
+            event=self._to_proxy_event(event), lambda_context=context, context=dict(self._startup.context), head=head
         )
         token = self._request.set(state)
         try:
-            return self._checked(event, context)
+            answer = self._checked(event, context)
         finally:
             self._request.reset(token)
+        return {**answer, "body": "", "isBase64Encoded": False} if head else answer
 
     def _checked(self, event: Any, context: Any) -> dict[str, Any]:
         answer = self._guarded(event, context)
@@ -330,8 +338,9 @@ class AgentqResolver(APIGatewayRestResolver):
 
     def missing_route(self) -> Response[Any]:
         """405 with ``Allow`` when another method serves the path, else 404."""
-        method, path = self.current_event.http_method.upper(), self.current_event.path
-        allowed = sorted({r.method for r in self._static_routes + self._dynamic_routes if r.rule.match(path)})
+        method, path = "HEAD" if self._state.head else self.current_event.http_method.upper(), self.current_event.path
+        served = {r.method for r in self._static_routes + self._dynamic_routes if r.rule.match(path)}
+        allowed = sorted(served | {"HEAD"} if "GET" in served else served)
         if allowed:
             response = error_response(405, "method_not_allowed", f"{path} answers {', '.join(allowed)}, not {method}")
             response.headers["Allow"] = ", ".join(allowed)

@@ -140,7 +140,8 @@ class ApiServer:
                 self.send_response(status)
                 for name, value in {**headers, **(_CORS if outer.hub_only else {})}.items():
                     self.send_header(name, str(value))
-                self.send_header("Content-Length", str(len(payload)))
+                if self.command != "HEAD":  # a HEAD's answer has no body, and its GET's length is not known here
+                    self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(payload)
