@@ -96,10 +96,11 @@ class Api:
         return int(dynamo(self.store).client.scan(TableName=self.settings.table, Select="COUNT")["Count"])
 
 
-@pytest.fixture(scope="module")
-def api(moto_server: MotoServer) -> Iterator[Api]:
+def lambda_api(moto_server: MotoServer, prefix: str) -> Iterator[Api]:
+    """The API's Lambda handler over a deployment of its own (named ``prefix`` and a random
+    tail) on the shared moto server, its variables set for the module's tests."""
     settings = Settings.for_prefix(
-        f"r{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",)
+        f"{prefix}{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",)
     )
     provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings())
     mp = pytest.MonkeyPatch()
@@ -109,6 +110,11 @@ def api(moto_server: MotoServer) -> Iterator[Api]:
         yield Api(handler=load_handler("api"), store=build_store(settings), settings=settings)
     finally:
         mp.undo()
+
+
+@pytest.fixture(scope="module")
+def api(moto_server: MotoServer) -> Iterator[Api]:
+    yield from lambda_api(moto_server, "r")
 
 
 def error(data: Any) -> dict[str, Any]:

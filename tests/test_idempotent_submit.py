@@ -12,28 +12,14 @@ from typing import Any
 
 import pytest
 
-from agentq.resources import QueueSettings, provision
-from agentq.runtime import Settings, build_store, session
 from agentq_dev.moto_server import MotoServer
 
-from tests.test_api_routes import SUB, A, Api
+from tests.test_api_routes import SUB, A, Api, lambda_api
 
 
 @pytest.fixture(scope="module")
 def api(moto_server: MotoServer) -> Iterator[Api]:
-    from tests.lambda_support import load_handler
-
-    settings = Settings.for_prefix(
-        f"s{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",)
-    )
-    provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings())
-    mp = pytest.MonkeyPatch()
-    for key, value in settings.env().items():
-        mp.setenv(key, value)
-    try:
-        yield Api(handler=load_handler("api"), store=build_store(settings), settings=settings)
-    finally:
-        mp.undo()
+    yield from lambda_api(moto_server, "s")
 
 
 def _tasks(api: Api) -> int:

@@ -25,7 +25,7 @@ from agentq.core.tools.mcp import McpConfigurationError, McpServers
 from agentq.core.tools.mcp_http import MAX_REPLY_BYTES
 from agentq_dev.stack import LocalStack
 
-from tests.helpers import call, run_agentq, wait_for
+from tests.helpers import api_json, call, run_agentq, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,21 +109,8 @@ class _Stack:
         self.stack, self.key, self.ledger = stack, key, ledger
 
     def http(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        import urllib.error
-        import urllib.request
-
         assert self.stack.api_server is not None
-        request = urllib.request.Request(
-            self.stack.api_server.url + path,
-            data=json.dumps(body).encode() if body is not None else None,
-            method=method,
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=60) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read())
+        return api_json(self.stack.api_server.url, self.key, method, path, body)
 
     def agent(self, servers: list[dict[str, Any]], turns: list[dict[str, Any]] | None = None) -> tuple[int, Any]:
         body = {"name": f"h-{uuid.uuid4().hex[:8]}", "provider": "scripted",

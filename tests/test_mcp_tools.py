@@ -24,7 +24,7 @@ import pytest
 from agentq.core.models import TaskStatus, ToolsStep
 from agentq_dev.stack import LocalStack
 
-from tests.helpers import agentq_process, call, run_agentq, wait_for
+from tests.helpers import agentq_process, api_json, call, run_agentq, wait_for
 from tests.mcp_servers.billing import release_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,21 +86,8 @@ class Billing:
         return [json.loads(line) for line in self.ledger.read_text().splitlines()] if self.ledger.exists() else []
 
     def http(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        import urllib.error
-        import urllib.request
-
         assert self.stack.api_server is not None
-        request = urllib.request.Request(
-            self.stack.api_server.url + path,
-            data=json.dumps(body).encode() if body is not None else None,
-            method=method,
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=60) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read())
+        return api_json(self.stack.api_server.url, self.key, method, path, body)
 
     def agent(self, turns: list[dict[str, Any]], servers: list[dict[str, Any]] | None = None, **over: Any) -> str:
         name = f"biller-{uuid.uuid4().hex[:8]}"
