@@ -84,6 +84,7 @@ class OtlpReceiver:
     sums: list[SumPoint] = field(default_factory=list)
     posts: int = 0
     bodies: list[bytes] = field(default_factory=list)  # every POST's body as received (a scan for bytes)
+    paths: list[str] = field(default_factory=list)  # every POST's path, in order: each is one export
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -195,6 +196,8 @@ def _handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            with receiver._lock:
+                receiver.paths.append(self.path)
             # Each path: what takes the body, and the (empty) answer the exporter expects.
             routes: dict[str, tuple[Callable[[bytes], None], bytes]] = {
                 "/v1/traces": (receiver.receive, ExportTraceServiceResponse().SerializeToString()),

@@ -40,7 +40,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from agentq.observe import otel_metrics
-from agentq.observe.otlp import ENDPOINT_VARIABLE, SERVICE_NAME, configured, resource
+from agentq.observe.otlp import ENDPOINT_VARIABLE, SERVICE_NAME, configured, export_timeout, in_lambda, resource
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
@@ -118,7 +118,8 @@ def _provider() -> Any:
     length = None if ATTRIBUTE_LENGTH_VARIABLE in os.environ else ATTRIBUTE_LENGTH_DEFAULT
     limits = SpanLimits(max_attribute_length=length)
     provider = TracerProvider(resource=resource(), id_generator=DerivedIds(), span_limits=limits)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # reads the OTEL_EXPORTER_OTLP_* settings
+    exporter = OTLPSpanExporter(timeout=export_timeout("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"))  # and the other settings
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
 
 
@@ -140,13 +141,16 @@ def reset() -> None:
     _provider.cache_clear()
 
 
-def flush(timeout_seconds: float = 5.0) -> None:
+def flush(timeout_seconds: float = 5.0, *, metrics: bool | None = None) -> None:
+    """The spans ended so far out now (a run's end: the process may be frozen or killed next);
+    and the metric points too when ``metrics``, by default in a Lambda only: a long-lived
+    worker's periodic reader sends them every minute, and each flush waits on the collector."""
     provider = _provider()
     if provider is None:
         return
     if not provider.force_flush(int(timeout_seconds * 1000)):
         log.warning("OpenTelemetry: spans not exported within %.0fs", timeout_seconds)
-    if not otel_metrics.flush(int(timeout_seconds * 1000)):
+    if (in_lambda() if metrics is None else metrics) and not otel_metrics.flush(int(timeout_seconds * 1000)):
         log.warning("OpenTelemetry: metrics not exported within %.0fs", timeout_seconds)
 
 
@@ -216,7 +220,11 @@ def task_run(task: Task, worker_id: str, resumed_from: int) -> Iterator[None]:
     killed mid-run sent its finished steps and never its ``run`` span (open until the run
     ends): the claim that takes the task over sends it for it first (``lost_run``), closed, an
     error. A run whose claim was taken over while it went on (a stalled worker: ``superseded``)
-    sends none, as that claim sent it."""
+    sends none, as that claim sent it.
+
+    A run that returns leaves its spans to the caller's one flush (``flush``, or ``task_ended``'s
+    when the run ended its invocation): each flush waits on the collector, at most its timeout
+    when it is down or hung; a run that raises flushes them here."""
     if tracer() is None:
         yield
         return
@@ -237,11 +245,17 @@ def task_run(task: Task, worker_id: str, resumed_from: int) -> Iterator[None]:
         try:
             with _current(span, end=False):
                 yield
-        finally:
-            _run_state.reset(token)
-            if not state["superseded"]:
-                span.end()
-            flush()
+        except BaseException:
+            _end_run(span, state, token)
+            flush(metrics=False)  # the caller, raising, flushes none
+            raise
+        _end_run(span, state, token)
+
+
+def _end_run(span: Span, state: dict[str, bool], token: Any) -> None:
+    _run_state.reset(token)
+    if not state["superseded"]:
+        span.end()
 
 
 def lost_run(task: Task, lost: LostClaim) -> None:
@@ -441,4 +455,4 @@ def task_ended(
             made.end(int(time.time() * 1e9))
     finally:
         _forced_trace_id.reset(token)
-    flush()
+    flush(metrics=False)  # with the run's: the run that ended the invocation flushes once

@@ -10,8 +10,8 @@ units and the bucket boundaries they advise:
   record each (``gen_ai.token.type`` ``input`` or ``output``), as billed: input counts cache reads
   and writes too, as ``gen_ai.usage.input_tokens`` does.
 
-The points are exported when a run ends (``flush``, with the spans: a Lambda may be frozen right
-after) and every minute meanwhile (the SDK's periodic reader; ``OTEL_METRIC_EXPORT_INTERVAL``).
+The points are exported every minute (the SDK's periodic reader; ``OTEL_METRIC_EXPORT_INTERVAL``)
+and, in a Lambda, as its handler returns (``otel.flush``: it may be frozen right after).
 Temporality and every other ``OTEL_EXPORTER_OTLP_*`` setting are the SDK's own;
 ``OTEL_METRICS_EXPORTER=none`` leaves the metrics out (for a collector that takes traces only). CloudWatch EMF
 keeps its own metrics (``observe/emf.py``); these are for the backends that read OTLP.
@@ -25,7 +25,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from agentq.observe.otlp import configured, resource
+from agentq.observe.otlp import configured, export_timeout, resource
 
 UNKNOWN_TOKENS = "agentq.budget.unknown_tokens"  # not a GenAI convention: agentq's own, in its namespace
 
@@ -53,7 +53,9 @@ def _meter_provider() -> Any:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     except ImportError:
         return None  # otel.py has said so once already
-    reader = PeriodicExportingMetricReader(OTLPMetricExporter())  # reads the OTEL_EXPORTER_OTLP_* settings
+    timeout = export_timeout("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT")
+    exporter = OTLPMetricExporter(timeout=timeout)  # and the other OTEL_EXPORTER_OTLP_* settings
+    reader = PeriodicExportingMetricReader(exporter)
     return MeterProvider(resource=resource(), metric_readers=[reader])
 
 

@@ -230,7 +230,9 @@ class Engine:
         if result.status is not None and (
             (result.status.terminal and result.outcome == "finished") or result.status is TaskStatus.IDLE
         ):
-            self._invocation_ended(session.task, result)
+            self._invocation_ended(session.task, result)  # its flush sends the run's spans too
+        else:
+            observe.otel.flush(metrics=False)  # the run's spans, once (a Lambda's metrics: its handler's flush)
         if result.status is not None and (result.status.terminal or result.outcome == "waiting"):
             # Ended, or parked until a message of its own (idle, paused, waiting): no claim
             # comes for these holds at their deadline, so the dispatcher's ``release_holds``
@@ -254,7 +256,11 @@ class Engine:
         its ``invoke_agent`` span, with the tokens it used (read back: its earlier runs count)."""
         if not observe.otel.enabled() or result.status is None:
             return
-        now = self.store.tasks.get(claimed.task_id)
+        try:
+            now = self.store.tasks.get(claimed.task_id)
+        except Exception:
+            observe.otel.flush(metrics=False)  # the run's spans, as the span of its end is not sent
+            raise
         observe.otel.task_ended(claimed, result.status.value, result.error, tokens=(now.tokens_in, now.tokens_out))
         try:  # after the flush: a worker killed before it leaves the span to the redelivery (dispatch._ended)
             self.store.tasks.note_traced(claimed.task_id, claimed.invocation)
