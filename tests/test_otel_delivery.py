@@ -87,3 +87,27 @@ def test_a_lambdas_handler_flush_sends_the_metric_points_before_it_may_be_frozen
     otel.flush()  # functions/executor/handler.py, as it returns
     assert receiver.paths == ["/v1/traces", "/v1/metrics"]
     assert receiver.histogram("gen_ai.client.operation.duration")
+
+
+def test_a_sampler_from_the_sdk_settings_keeps_or_drops_a_tasks_trace_whole(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``parentbased_traceidratio`` (the SDK's usual setting): the root ``invoke_agent`` span is
+    sampled by its trace id, and every run hangs from a made-up remote parent: flagged SAMPLED
+    whatever the sampler said of the root, the traces the ratio dropped arrived as runs, steps
+    and model calls without their root. The flag is the sampler's decision on the trace id."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+    otel.reset()
+    tasks = [store.tasks.create(scripted([{"text": "hi"}]), tenant="t").task_id for _ in range(20)]
+    for task_id in tasks:
+        assert run(store, registry, task_id).value == "succeeded"
+    otel.flush()
+    kept, rootless = 0, []
+    for task_id in tasks:
+        spans = [s for s in receiver.spans if s.trace_id == otel.trace_id_of(task_id)]
+        kept += bool(spans)
+        if spans and not any(s.parent_span_id is None for s in spans):
+            rootless.append(sorted(s.name.split(" ")[0] for s in spans))
+    assert rootless == []
+    assert 0 < kept < len(tasks)  # the ratio decided (the ids are random: 20 at 0.5, both ends ~1e-6)

@@ -155,10 +155,15 @@ def flush(timeout_seconds: float = 5.0, *, metrics: bool | None = None) -> None:
 
 
 def _remote_parent(trace_id: int, span_id: int) -> Any:
+    """The context of a span sent by another run (or to be): sampled as the root of its trace is
+    (``OTEL_TRACES_SAMPLER``; a ratio decides by the trace id, the same for every run), so a
+    sampler keeps or drops a task's trace whole, never its runs without their root."""
     from opentelemetry import trace
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-    parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    root = _provider().sampler.should_sample(None, trace_id, "invoke_agent")
+    flags = TraceFlags(TraceFlags.SAMPLED if root.decision.is_sampled() else TraceFlags.DEFAULT)
+    parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
     return trace.set_span_in_context(NonRecordingSpan(parent))
 
 
