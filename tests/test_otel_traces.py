@@ -366,3 +366,35 @@ def test_a_run_whose_claim_was_taken_over_while_it_went_on_sends_no_second_span_
     steps = [s for s in spans if s.name.startswith("step ") and s.parent_span_id == first.span_id]
     assert steps  # the stalled run's step, sent when it ended, under the span the taker sent
     assert otel.run_span_id(task.task_id, 2) in by_id(spans)
+
+
+def test_the_steps_of_a_killed_run_hang_from_a_span_that_arrives_even_when_its_taker_is_killed_too(
+    receiver: OtlpReceiver, settings: Settings
+) -> None:
+    """Run 1 is killed mid-task, its finished steps exported (a short batch delay). Run 2 takes
+    over and makes run 1's ``run`` span (``lost_run``), then is killed within the batch
+    processor's default delay (5 s: a task that crash-loops). Run 3 takes over from run 2 only
+    (``Task.lost_claim`` is the last claim): unless run 2 flushed run 1's span as it made it,
+    that span never arrives and run 1's steps hang from nothing."""
+    from agentq.worker import run_task
+
+    store = build_store(settings)
+    turns = [{"text": "looking", "tool_calls": [call("lookup", query="a")]},
+             {"text": "slow answer", "latency_seconds": 2}]  # fmt: skip
+    task = store.tasks.create(scripted(turns, tools=["lookup"]), tenant="t")
+    first = run_agentq(["run-task", task.task_id, "--lease", "1"], timeout=120, env=child_env(
+        settings, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="100",
+        AGENTQ_CRASH_AT="after_llm_call:2", AGENTQ_MAX_CALL_SECONDS="1"))  # fmt: skip
+    assert first.returncode == -9, first.stderr[-2000:]
+    second = run_agentq(["run-task", task.task_id, "--lease", "1", "--wait", "20"], timeout=120, env=child_env(
+        settings, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,  # the SDK's default delay
+        AGENTQ_CRASH_AT="after_llm_call:1", AGENTQ_MAX_CALL_SECONDS="1"))  # fmt: skip
+    assert second.returncode == -9, second.stderr[-2000:]
+    resumed = run_task(task.task_id, settings=settings, lease_seconds=1, wait_seconds=20)
+    assert resumed.status is TaskStatus.SUCCEEDED, resumed
+    otel.flush()
+    spans = receiver.spans
+    ids = {s.span_id for s in spans}
+    assert [s for s in spans if s.name in ("step 1", "step 2")], "run 1's finished steps were exported"
+    orphans = [s.name for s in spans if s.parent_span_id is not None and s.parent_span_id not in ids]
+    assert orphans == [], orphans

@@ -236,6 +236,9 @@ def task_run(task: Task, worker_id: str, resumed_from: int) -> Iterator[None]:
 
     if task.lost_claim is not None:
         lost_run(task, task.lost_claim)
+        # Out now: the next takeover makes only this claim's span, so this one, killed before
+        # its batch went out, would leave the dead claim's steps hanging from nothing.
+        flush(metrics=False)
     attributes = {
         "agentq.task_id": task.task_id,
         "agentq.worker_id": worker_id,
