@@ -398,3 +398,34 @@ def test_the_steps_of_a_killed_run_hang_from_a_span_that_arrives_even_when_its_t
     assert [s for s in spans if s.name in ("step 1", "step 2")], "run 1's finished steps were exported"
     orphans = [s.name for s in spans if s.parent_span_id is not None and s.parent_span_id not in ids]
     assert orphans == [], orphans
+
+
+class TakenOverThenOutage(TakenOverMidCall):
+    """As ``TakenOverMidCall``, and the stalled worker's next write then fails for an outage (the
+    store unreachable: what stalls a worker often fails its writes too), not with ``LeaseLost``."""
+
+    def complete(self, request: Any) -> Any:
+        answer = super().complete(request)
+        if self.calls == 1:
+
+            def unreachable(*_: Any, **__: Any) -> Any:
+                raise ConnectionError("could not reach the table")
+
+            self.store.steps.commit = unreachable  # type: ignore[method-assign]
+        return answer
+
+
+def test_a_stalled_run_taken_over_that_then_fails_for_an_outage_sends_no_second_span_of_its_claim(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry
+) -> None:
+    """The taker sent the stalled claim's ``run`` span (``worker_lost``); the stalled run, raising
+    for the outage, sent its own under the same id, as only a ``LeaseLost`` made it look."""
+    task = store.tasks.create(scripted([{"text": "answered"}]), tenant="t")
+    provider = TakenOverThenOutage(store, registry, task)
+    engine = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=1),
+                    providers=lambda _: provider)  # fmt: skip
+    with pytest.raises(ConnectionError):
+        engine.run(task.task_id, keeper=lambda _: contextlib.nullcontext())
+    otel.flush()
+    first = [s for s in receiver.spans if s.span_id == otel.run_span_id(task.task_id, 1)]
+    assert [s.attributes["error.type"] for s in first] == ["worker_lost"]

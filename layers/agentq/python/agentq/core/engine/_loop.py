@@ -216,6 +216,8 @@ class Engine:
             except DETERMINISTIC_FAULTS as exc:
                 result = self._fail_on_fault(session, exc)
             except Exception:  # an outage: give the lease back, so the redelivery can claim at once
+                with contextlib.suppress(Exception):  # a stalled run taken over: its span was sent for it
+                    self._superseded(lease)
                 self._give_back(session)
                 raise
             finally:
