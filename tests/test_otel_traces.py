@@ -94,7 +94,7 @@ def test_a_resumed_task_with_sub_agents_arrives_as_one_tree_in_one_trace(
 
     task_span = roots[0]
     assert task_span.attributes["gen_ai.operation.name"] == "invoke_agent"
-    runs = sorted(children(task_span, "run "), key=lambda r: r.start_ns)
+    runs = sorted(children(task_span, "run"), key=lambda r: r.start_ns)
     assert len(runs) == 2  # the first worker's run and the resumed one
     steps = [s for r in runs for s in children(r, "step ")]
     # Step 2 (the spawn) is begun by the first run, which parks for the sub-agents, and ended by the second.
@@ -108,7 +108,7 @@ def test_a_resumed_task_with_sub_agents_arrives_as_one_tree_in_one_trace(
     agents = children(spawned, "invoke_agent")
     assert sorted(a.attributes["agentq.task_id"] for a in agents) == sorted(record.children)
     for agent in agents:  # each sub-agent's own run, steps, model calls and tool call under it
-        (child_run,) = children(agent, "run ")
+        (child_run,) = children(agent, "run")
         child_steps = children(child_run, "step ")
         assert len(child_steps) == 3
         assert [s.name for st in child_steps for s in children(st, "execute_tool")] == ["execute_tool lookup"]
@@ -205,7 +205,7 @@ def test_runs_in_two_processes_hang_under_the_same_task_span(
     spans = receiver.spans
     assert {s.trace_id for s in spans} == {otel.trace_id_of(task.task_id)}
     task_span = otel.span_id_of("task", task.task_id)
-    runs = [s for s in spans if s.name.startswith("run ")]
+    runs = [s for s in spans if s.name == "run"]
     assert len(runs) == 2 and {r.parent_span_id for r in runs} == {task_span}
     workers = {r.attributes["agentq.worker_id"] for r in runs}
     assert len(workers) == 2 and "here" in workers
@@ -260,7 +260,7 @@ def test_an_invocation_whose_ending_run_was_killed_gets_its_invoke_agent_span_fr
     assert agent.name == "invoke_agent agentq" and agent.parent_span_id is None
     assert agent.attributes["agentq.status"] == "succeeded" and agent.status_code != 2
     assert agent.attributes["gen_ai.usage.output_tokens"] == ended.tokens_out > 0
-    (first,) = [s for s in spans if s.name.startswith("run ")]  # the killed run sent none of its spans
+    (first,) = [s for s in spans if s.name == "run"]  # the killed run sent none of its spans
     assert first.parent_span_id == root and first.attributes["agentq.worker_id"] == "w1"
     assert store.tasks.get(task.task_id).traced_invocation == 0
 
@@ -310,7 +310,7 @@ def test_the_steps_of_a_run_whose_worker_was_killed_hang_from_a_span_that_arrive
     assert sent_by_the_dead, "the killed worker's finished steps were exported before the kill"
     lost = ids[otel.run_span_id(task.task_id, 1)]
     assert {s.parent_span_id for s in sent_by_the_dead} == {lost.span_id}
-    assert lost.name == f"run {task.task_id}" and lost.status_code == 2
+    assert lost.name == "run" and lost.status_code == 2
     assert lost.attributes["error.type"] == "worker_lost" and lost.attributes["agentq.lease_epoch"] == 1
     assert lost.parent_span_id == otel.span_id_of("task", task.task_id)
     assert lost.start_ns <= min(s.start_ns for s in sent_by_the_dead)
@@ -429,3 +429,16 @@ def test_a_stalled_run_taken_over_that_then_fails_for_an_outage_sends_no_second_
     otel.flush()
     first = [s for s in receiver.spans if s.span_id == otel.run_span_id(task.task_id, 1)]
     assert [s.attributes["error.type"] for s in first] == ["worker_lost"]
+
+
+def test_no_span_name_carries_a_task_id(receiver: OtlpReceiver, store: Storage, registry: ToolRegistry) -> None:
+    """Span names name a class of operation, its ids are attributes (the trace API's span-name
+    rule): ``run <task_id>`` made every claim of every task an operation of its own."""
+    turns = [{"text": "looking", "tool_calls": [call("lookup", query="a")]}, {"text": "done"}]
+    task = store.tasks.create(scripted(turns, tools=["lookup"]), tenant="t")
+    assert run(store, registry, task.task_id, "w1") is TaskStatus.SUCCEEDED
+    otel.flush()
+    named = sorted({s.name for s in receiver.spans if task.task_id in s.name})
+    assert named == [], named
+    (made,) = [s for s in receiver.spans if s.name == "run"]
+    assert made.attributes["agentq.task_id"] == task.task_id

@@ -7,7 +7,7 @@ and the invocation's number, so a run started anywhere, any time, hangs its span
 parent without reading anything first:
 
     invoke_agent <agent>                 one invocation of the task (emitted when it ends)
-      run <task>                         one claim of it by a worker (a resume is another; its id
+      run                                one claim of it by a worker (a resume is another; its id
                                          derived from the lease's epoch: a takeover sends a dead one's)
         step <n>                         one step: an LLM turn or a tools turn
           chat <model>                   the model call (CLIENT), GenAI attributes; retries as events
@@ -249,7 +249,8 @@ def task_run(task: Task, worker_id: str, resumed_from: int) -> Iterator[None]:
     run_id = run_span_id(task.task_id, task.lease_epoch)
     state = {"superseded": False}
     token = _run_state.set(state)
-    with _started(f"run {task.task_id}", _task_parent(task), run_id, attributes=attributes) as span:
+    # Named "run": a span's name is a class of operation (the API's rule), the task's id an attribute.
+    with _started("run", _task_parent(task), run_id, attributes=attributes) as span:
         try:
             with _current(span, end=False):
                 yield
@@ -281,7 +282,7 @@ def lost_run(task: Task, lost: LostClaim) -> None:
     }
     if lost.heartbeat_at is not None:
         attributes["agentq.last_heartbeat_at"] = lost.heartbeat_at
-    with _started(f"run {task.task_id}", _task_parent(task), run_span_id(task.task_id, lost.epoch),
+    with _started("run", _task_parent(task), run_span_id(task.task_id, lost.epoch),
                   attributes=attributes, start_time=int(lost.claimed_at * 1e9)) as made:  # fmt: skip
         made.set_status(Status(StatusCode.ERROR, "worker_lost"))
         made.end()
