@@ -111,3 +111,27 @@ def test_a_sampler_from_the_sdk_settings_keeps_or_drops_a_tasks_trace_whole(
             rootless.append(sorted(s.name.split(" ")[0] for s in spans))
     assert rootless == []
     assert 0 < kept < len(tasks)  # the ratio decided (the ids are random: 20 at 0.5, both ends ~1e-6)
+
+
+def test_the_model_names_tenants_submit_mint_no_more_genai_metric_series_than_the_emf_metrics_allow(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry
+) -> None:
+    """The EMF token metrics keep at most MAX_MODELS model values a process (``emf._model_dimension``:
+    the scripted provider echoes any name it is given); the OTLP GenAI client metrics took every
+    model a submission names as an attribute value: a series per name, held by the SDK for the
+    process's life and exported every minute, at no cost to the tenant (scripted) or for a 404."""
+    from agentq.control.validation import check_submission
+    from agentq.observe.emf import MAX_MODELS
+
+    for i in range(MAX_MODELS + 10):
+        sub = scripted([{"text": "hi"}]).model_copy(update={"model": f"made-up-model-{i}"})
+        check_submission(sub, registry)  # accepted as the API accepts it
+        task = store.tasks.create(sub, tenant="t")
+        assert run(store, registry, task.task_id).value == "succeeded"
+    otel.flush(metrics=True)
+    points = receiver.histogram("gen_ai.client.operation.duration")
+    models = {p.attributes["gen_ai.request.model"] for p in points}
+    assert len(models) == MAX_MODELS + 1 and "other" in models, sorted(models)
+    assert {p.attributes["gen_ai.response.model"] for p in points} <= models
+    chats = {s.name for s in receiver.spans if s.name.startswith("chat ")}
+    assert len(chats) == MAX_MODELS + 10  # the spans name the model as given

@@ -41,7 +41,7 @@ api_metrics = EphemeralMetrics(namespace=names.NAMESPACE, service=names.API)
 # two calls: every add and every write goes through this lock.
 _lock = threading.Lock()
 
-MAX_MODELS = 20  # distinct model dimension values per process; beyond, "other"
+MAX_MODELS = names.MAX_MODELS  # distinct model dimension values per process; beyond, "other"
 _models: set[str] = set()
 
 

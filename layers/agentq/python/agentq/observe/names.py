@@ -27,6 +27,7 @@ SCOPE = "scope"  # a scope cap's kind: user, agent or key (core.caps; the name i
 # model or the tasks ask for.
 UNREGISTERED_TOOL = "unregistered"  # a tool name the model made up
 OTHER_MODEL = "other"  # past MAX_MODELS distinct models in one process
+MAX_MODELS = 20  # distinct model values a process keeps in a metric's dimensions or attributes
 
 # service=executor, dimensions {service}
 STEPS_COMMITTED = "steps_committed"

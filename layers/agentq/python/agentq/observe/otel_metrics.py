@@ -22,9 +22,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
+from agentq.observe import names
 from agentq.observe.otlp import configured, export_timeout, resource
 
 UNKNOWN_TOKENS = "agentq.budget.unknown_tokens"  # not a GenAI convention: agentq's own, in its namespace
@@ -40,6 +42,15 @@ TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 
 MetricAttributes = Mapping[str, str | int]
+
+# A metric series per distinct attribute set, held by the SDK for the process's life and exported
+# every minute: the model names a submission gives are the tenant's to choose (the scripted
+# provider echoes any; an unknown one is a 404, at no cost), so a process keeps at most
+# ``names.MAX_MODELS`` of them, as the EMF metrics do (``emf._model_dimension``); beyond, "other".
+# The spans keep the name as given.
+MODEL_ATTRIBUTES = ("gen_ai.request.model", "gen_ai.response.model")
+_models: set[str] = set()
+_models_lock = threading.Lock()
 
 
 @functools.cache
@@ -83,10 +94,21 @@ def record_call(attributes: MetricAttributes, seconds: float, tokens: tuple[int,
     if found is None:
         return
     token_usage, duration = found
-    duration.record(seconds, attributes=dict(attributes))
+    attributes = {key: _bounded_model(value) if key in MODEL_ATTRIBUTES else value for key, value in attributes.items()}
+    duration.record(seconds, attributes=attributes)
     if tokens is not None:
         for kind, count in zip(("input", "output"), tokens, strict=True):
             token_usage.record(count, attributes={**attributes, "gen_ai.token.type": kind})
+
+
+def _bounded_model(model: str | int) -> str | int:
+    with _models_lock:
+        if model in _models:
+            return model
+        if len(_models) < names.MAX_MODELS:
+            _models.add(str(model))
+            return model
+    return names.OTHER_MODEL
 
 
 @functools.cache
@@ -114,6 +136,8 @@ def flush(timeout_millis: int) -> bool:
 
 
 def reset() -> None:
+    with _models_lock:
+        _models.clear()
     _unknown_counter.cache_clear()
     provider = _meter_provider()
     if provider is not None:
