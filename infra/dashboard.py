@@ -157,7 +157,10 @@ def task_row() -> list[cw.IWidget]:
         ),
         cw.GraphWidget(
             title="Pickup and resume latency p99 (s)",
-            left=[pickup_p99(), agentq_metric(names.RESUME_LATENCY, "p99", FIVE_MINUTES, "resume latency p99")],
+            left=[
+                *(pickup_p99(tier) for tier in TIERS),
+                agentq_metric(names.RESUME_LATENCY, "p99", FIVE_MINUTES, "resume latency p99"),
+            ],
             width=8,
         ),
         cw.GraphWidget(title="Tokens per minute, per model", left=tokens_per_minute(), width=8),

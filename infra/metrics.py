@@ -61,8 +61,12 @@ def tokens_per_minute() -> list[cw.IMetric]:
     return lines
 
 
-def pickup_p99() -> cw.Metric:
-    return agentq_metric(names.PICKUP_LATENCY, "p99", FIVE_MINUTES, "pickup latency p99")
+def pickup_p99(tier: str | None = None) -> cw.Metric:
+    """Submit to first claim, p99: all tiers (``{service}``), or one tier's (``{service, tier}``),
+    which is what that tier's pickup objective is about."""
+    if tier is None:
+        return agentq_metric(names.PICKUP_LATENCY, "p99", FIVE_MINUTES, "pickup latency p99")
+    return agentq_metric(names.PICKUP_LATENCY, "p99", FIVE_MINUTES, f"{tier} pickup latency p99", **{names.TIER: tier})
 
 
 def executor_error_rate(fns: Functions) -> cw.MathExpression:

@@ -1025,10 +1025,26 @@ def test_alarms_cover_dlqs_queue_age_errors_tenant_caps_and_fanout_failures(synt
     assert _metric(circuit) == ("agentq", "circuit_opened", "Sum") and circuit["Threshold"] == 1
     fanout = alarms[f"{p}-fanout-executions-failed"]
     assert _metric(fanout) == ("AWS/States", "ExecutionsFailed", "Sum")
-    assert _metric(alarms[f"{p}-pickup-latency"]) == ("agentq", "pickup_latency", "p99")
     for name, alarm in alarms.items():
         assert {"Ref": topic_id} in alarm["AlarmActions"], name
         assert alarm["TreatMissingData"] == "notBreaching", name
+
+
+def test_each_tiers_pickup_latency_alarms_at_that_tiers_objective(synth: Synthesized) -> None:
+    """cdk.json gives each tier its own pickup objective (prod: high 30 s). One fleet-wide alarm
+    at the slowest tier's (900 s) and the queue-age alarm at objective + a slice let a high-tier
+    task wait ten minutes unremarked: each tier's p99 (``tier`` dimension) alarms at its own."""
+    cfg = settings_of(synth.env_name)
+    alarms = _alarms(synth)
+    topic_id, _ = _one(synth, "AWS::SNS::Topic")
+    for tier in TIERS:
+        alarm = alarms[f"{cfg.prefix}-{tier}-pickup-latency"]
+        assert _metric(alarm) == (names.NAMESPACE, names.PICKUP_LATENCY, "p99")
+        dimensions = alarm.get("Dimensions") or next(m["MetricStat"]["Metric"]["Dimensions"] for m in alarm["Metrics"])
+        assert {d["Name"]: d["Value"] for d in dimensions} == {names.SERVICE: names.EXECUTOR, names.TIER: tier}
+        assert alarm["Threshold"] == cfg.alarms.pickup_objective_seconds[tier], tier
+        assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+        assert {"Ref": topic_id} in alarm["AlarmActions"] and {"Ref": topic_id} in alarm["OKActions"], tier
 
 
 def test_a_sweeper_that_fails_alarms(synth: Synthesized) -> None:

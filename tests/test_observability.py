@@ -111,15 +111,17 @@ def lambda_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Sett
     return settings
 
 
-def _drain_with_executor(handler: Any, queues: TaskQueues, store: Storage, task_ids: list[str]) -> None:
-    arn = queues.sqs.get_queue_attributes(QueueUrl=queues.url("normal"), AttributeNames=["QueueArn"])["Attributes"][
+def _drain_with_executor(
+    handler: Any, queues: TaskQueues, store: Storage, task_ids: list[str], tier: str = "normal"
+) -> None:
+    arn = queues.sqs.get_queue_attributes(QueueUrl=queues.url(tier), AttributeNames=["QueueArn"])["Attributes"][
         "QueueArn"
     ]
     deadline = time.monotonic() + 60
     while not all(store.tasks.get(t).status.terminal for t in task_ids):
         assert time.monotonic() < deadline, "tasks did not finish"
         messages = queues.sqs.receive_message(
-            QueueUrl=queues.url("normal"),
+            QueueUrl=queues.url(tier),
             MaxNumberOfMessages=1,
             WaitTimeSeconds=1,
             AttributeNames=["All"],
@@ -129,7 +131,7 @@ def _drain_with_executor(handler: Any, queues: TaskQueues, store: Storage, task_
             continue
         result = handler.lambda_handler(sqs_event(messages, arn), FakeLambdaContext(60))
         assert result["batchItemFailures"] == []
-        queues.delete("normal", messages[0]["ReceiptHandle"])
+        queues.delete(tier, messages[0]["ReceiptHandle"])
 
 
 def test_the_executor_emits_tokens_per_model_equal_to_what_the_tasks_were_charged(
@@ -166,6 +168,29 @@ def test_the_executor_emits_tokens_per_model_equal_to_what_the_tasks_were_charge
     assert metric_total(docs, names.task_outcome("succeeded"), **executor) == 2
     assert metric_total(docs, names.PICKUP_LATENCY, **executor) > 0
     assert metric_total(docs, names.TOOL_ERRORS, **executor, tool="lookup") == 0
+
+
+def test_the_executor_emits_each_pickup_latency_under_its_tasks_tier_too(
+    lambda_env: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each tier has its own pickup objective and the stack alarms each tier's p99 at its own
+    (infra/alarms.py): a first claim's latency goes out under ``tier`` as well as fleet-wide."""
+    store, queues, registry = build_store(lambda_env), build_queues(lambda_env), build_registry(lambda_env)
+    by_tier = {
+        tier: submit(store, registry, scripted([{"text": "done"}]).model_copy(update={"priority": tier}),
+                     tenant="t", queues=queues).task_id
+        for tier in ("high", "normal")
+    }  # fmt: skip
+    handler = load_handler("executor")
+    capsys.readouterr()
+    for tier, task_id in by_tier.items():
+        _drain_with_executor(handler, queues, store, [task_id], tier=tier)
+    docs = emf_documents(capsys.readouterr().out)
+
+    executor = {names.SERVICE: names.EXECUTOR}
+    per_tier = {tier: metric_total(docs, names.PICKUP_LATENCY, **executor, tier=tier) for tier in (*by_tier, "low")}
+    assert per_tier["high"] > 0 and per_tier["normal"] > 0 and per_tier["low"] == 0, per_tier
+    assert per_tier["high"] + per_tier["normal"] == pytest.approx(metric_total(docs, names.PICKUP_LATENCY, **executor))
 
 
 def test_failing_tool_calls_count_as_tool_errors_under_the_registered_name_or_unregistered(

@@ -6,7 +6,7 @@ Two shapes, because an EMF document carries one value per dimension:
 - ``metrics``: the shared set of ``{service}``-only counters (outcomes, steps, latency, DLQ
   moves). In Lambda the handler flushes it after each invocation (``metrics.log_metrics``);
   the long-running worker calls ``flush()`` on a timer.
-- metrics with a dimension of their own (``model``, ``tool``, ``budget``) are written at once,
+- metrics with a dimension of their own (``model``, ``tool``, ``budget``, a pickup's ``tier``) are written at once,
   one document per event, from a powertools ``EphemeralMetrics`` that no other thread sees.
 
 Recorded only where they go somewhere: Lambda, or a worker with ``AGENTQ_EMF=1`` (on Fargate
@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from aws_lambda_powertools import Metrics
@@ -64,10 +65,16 @@ def record_run(run: RunResult) -> None:
         task = run.claimed
         if task is None or not task.claim_count:
             return
+        pickup = None
         if task.lease_epoch == 1 and task.pickup_latency is not None:
-            metrics.add_metric(name=names.PICKUP_LATENCY, unit=MetricUnit.Seconds, value=round(task.pickup_latency, 3))
+            pickup = round(task.pickup_latency, 3)
+            metrics.add_metric(name=names.PICKUP_LATENCY, unit=MetricUnit.Seconds, value=pickup)
         elif task.last_resume_gap is not None:
             metrics.add_metric(name=names.RESUME_LATENCY, unit=MetricUnit.Seconds, value=round(task.last_resume_gap, 3))
+    if pickup is not None:
+        # Each tier has its own pickup objective (the stack alarms each at its own): the same
+        # value again under the task's tier, a validated priority, so three series at most.
+        _write_now({names.PICKUP_LATENCY: pickup}, MetricUnit.Seconds, {names.TIER: task.submission.priority})
 
 
 def record_dead_letter() -> None:
@@ -215,7 +222,7 @@ def _model_dimension(model: str) -> str:
     return names.OTHER_MODEL
 
 
-def _write_now(values: dict[str, int], unit: MetricUnit, dimensions: dict[str, str]) -> None:
+def _write_now(values: Mapping[str, float], unit: MetricUnit, dimensions: dict[str, str]) -> None:
     sink = EphemeralMetrics(namespace=names.NAMESPACE, service=names.EXECUTOR)
     for key, value in dimensions.items():
         sink.add_dimension(name=key, value=value)

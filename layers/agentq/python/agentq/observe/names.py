@@ -21,6 +21,7 @@ API = "api"
 MODEL = "model"  # the model the provider reported (token metrics)
 TOOL = "tool"  # a registered tool's name (tool_errors)
 BUDGET = "budget"  # which budget refused: "task" (the task tree's own), "tenant" (its hourly window), "cap" (a scope's)
+TIER = "tier"  # a task's tier (its priority: high, normal or low; pickup_latency's per-tier series)
 SCOPE = "scope"  # a scope cap's kind: user, agent or key (core.caps; the name is in the event: bounded series)
 
 # Values a dimension falls back to, so the number of metric series stays bounded whatever the
@@ -31,7 +32,7 @@ MAX_MODELS = 20  # distinct model values a process keeps in a metric's dimension
 
 # service=executor, dimensions {service}
 STEPS_COMMITTED = "steps_committed"
-PICKUP_LATENCY = "pickup_latency"
+PICKUP_LATENCY = "pickup_latency"  # also under {service, tier}: each tier has its own objective and alarm
 RESUME_LATENCY = "resume_latency"
 DLQ_MOVES = "dlq_moves"
 TENANT_SOFT_CAP_CROSSED = "tenant_soft_cap_crossed"
