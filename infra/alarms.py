@@ -21,6 +21,7 @@ from agentq.core.caps import SCOPES
 from agentq.observe import names
 from agentq.resources import TIERS
 from infra.api import Api
+from infra.api_functions import schedule_group_name
 from infra.data import Data
 from infra.functions import Functions
 from infra.metrics import FIVE_MINUTES, ONE_MINUTE, agentq_metric, executor_error_rate, pickup_p99
@@ -240,6 +241,36 @@ def dependency_alarms(
         "the task event stream function (GET /tasks/{id}/events) failed or was throttled five times or more in "
         "five minutes: watchers fall back to polling; read its logs (a stream ends itself at 14 minutes, before the "
         "function's timeout, and the client resumes: a timeout is a fault)",
+    )
+    # A tenant schedule's fire the Scheduler could not send after its retries: sent to the
+    # normal DLQ (whose own alarm fires too), or lost (the DLQ refused it, or dropped); each
+    # count filled with 0, so one that reports alone still sums.
+    group = {"ScheduleGroup": schedule_group_name(cfg)}
+    alarm(
+        "ScheduleFiresFailed",
+        cw.MathExpression(
+            expression="FILL(dlq, 0) + FILL(undelivered, 0) + FILL(dropped, 0)",  # each is sent only when not 0
+            using_metrics={
+                key: cw.Metric(
+                    namespace="AWS/Scheduler",
+                    metric_name=name,
+                    dimensions_map=group,
+                    statistic="Sum",
+                    period=FIVE_MINUTES,
+                )
+                for key, name in (
+                    ("dlq", "InvocationsSentToDeadLetterCount"),
+                    ("undelivered", "InvocationsFailedToBeSentToDeadLetterCount"),
+                    ("dropped", "InvocationDroppedCount"),
+                )
+            },
+            label="schedule fires not delivered",
+            period=FIVE_MINUTES,
+        ),
+        1,
+        "EventBridge Scheduler could not send a tenant schedule's fire to the normal tier queue after its retries: "
+        "it is in the normal DLQ (runbook: docs/DEPLOY.md#runbook-redriving-a-dlq; a redriven fire fires again, "
+        "coalesced) or, if the DLQ refused it, lost (read the scheduler role's grants and the queue's policy)",
     )
     alarm(
         "Api5xx",

@@ -103,7 +103,7 @@ def _schedules(scope: Construct, cfg: EnvironmentSettings, data: Data, api: lamb
     the role its schedules send with, which may only send to the normal tier queue (the fire
     message; the executor that receives it submits the task). The API may create, update and
     delete schedules in that group only, and pass that role only, to the Scheduler only."""
-    group = scheduler.CfnScheduleGroup(scope, "ScheduleGroup", name=f"{cfg.prefix}-schedules")
+    group = scheduler.CfnScheduleGroup(scope, "ScheduleGroup", name=schedule_group_name(cfg))
     # It holds the tenants' schedules (made at run time): deleting it deletes them, while a
     # retained table still lists them. Kept as the environment keeps its data.
     group.apply_removal_policy(removal_policy(cfg))
@@ -114,6 +114,12 @@ def _schedules(scope: Construct, cfg: EnvironmentSettings, data: Data, api: lamb
         description=f"agentq schedules ({cfg.prefix}): send a fire message to the normal tier queue",
     )  # fmt: skip
     data.queues["normal"].grant_send_messages(role)
+    # A fire the Scheduler cannot send after its retries (a throttle, a deleted queue, a key or
+    # a policy change) goes to the normal tier's DLQ (its alarm, its runbook: a redriven fire
+    # message fires again, coalesced) instead of being dropped without a trace. The Scheduler
+    # sends it with this role; the queue is SSE-SQS encrypted, so no key grant is needed.
+    fire_dlq = data.dlqs["normal"]
+    fire_dlq.grant_send_messages(role)
     schedules = f"arn:{cdk.Aws.PARTITION}:scheduler:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:schedule/{group.name}/*"
     api.add_to_role_policy(
         iam.PolicyStatement(
@@ -131,7 +137,13 @@ def _schedules(scope: Construct, cfg: EnvironmentSettings, data: Data, api: lamb
     api.add_environment("AGENTQ_SCHEDULER_GROUP", str(group.name))
     api.add_environment("AGENTQ_SCHEDULER_ROLE_ARN", role.role_arn)
     api.add_environment("AGENTQ_SCHEDULE_TARGET_ARN", data.queues["normal"].queue_arn)
+    api.add_environment("AGENTQ_SCHEDULE_DLQ_ARN", fire_dlq.queue_arn)  # control.schedules: Target.DeadLetterConfig
     return role
+
+
+def schedule_group_name(cfg: EnvironmentSettings) -> str:
+    """The tenants' schedules' group; AWS/Scheduler reports their fires by it (infra/alarms.py)."""
+    return f"{cfg.prefix}-schedules"
 
 
 def build_authorizer(function: FunctionFactory, cfg: EnvironmentSettings, data: Data) -> lambda_.Function:

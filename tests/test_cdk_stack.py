@@ -1766,6 +1766,35 @@ def test_schedules_have_a_group_a_role_that_only_sends_fires_and_an_api_that_may
                                            "scheduler:UpdateSchedule"]  # fmt: skip
 
 
+def test_a_schedule_fire_the_scheduler_cannot_send_goes_to_the_normal_dlq_its_role_may_send_to(
+    synth: Synthesized,
+) -> None:
+    """Without a DeadLetterConfig EventBridge Scheduler drops a fire after its retries with no
+    trace. The API names the normal tier's DLQ (control.schedules sets it on every schedule's
+    target), the scheduler role may send to it, and an alarm reads AWS/Scheduler's counts."""
+    cfg = settings_of(synth.env_name)
+    dlq_id = _queue_ids(synth)[cfg.names.dlq("normal")]
+    _, api = _function(synth, "api")
+    assert api["Properties"]["Environment"]["Variables"]["AGENTQ_SCHEDULE_DLQ_ARN"] == {"Fn::GetAtt": [dlq_id, "Arn"]}
+    role_id = next(lid for lid, r in synth.resources("AWS::IAM::Role").items()
+                   if r["Properties"].get("RoleName") == f"{cfg.prefix}-scheduler")  # fmt: skip
+    sends = [s for p in synth.resources("AWS::IAM::Policy").values() if {"Ref": role_id} in p["Properties"]["Roles"]
+             for s in p["Properties"]["PolicyDocument"]["Statement"]
+             if s["Effect"] == "Allow" and "sqs:SendMessage" in _as_list(s["Action"])]  # fmt: skip
+    assert {"Fn::GetAtt": [dlq_id, "Arn"]} in [r for s in sends for r in _as_list(s["Resource"])], sends
+    alarm = _alarms(synth)[f"{cfg.prefix}-schedule-fires-failed"]
+    read = {
+        m["MetricStat"]["Metric"]["MetricName"]: m["MetricStat"]["Metric"]
+        for m in alarm["Metrics"]
+        if "MetricStat" in m
+    }
+    assert set(read) == {"InvocationsSentToDeadLetterCount", "InvocationsFailedToBeSentToDeadLetterCount",
+                         "InvocationDroppedCount"}  # fmt: skip
+    for metric in read.values():
+        assert metric["Namespace"] == "AWS/Scheduler"
+        assert metric["Dimensions"] == [{"Name": "ScheduleGroup", "Value": f"{cfg.prefix}-schedules"}]
+
+
 def test_a_retained_environment_keeps_its_tenants_schedules(synth: Synthesized) -> None:
     """The schedule group holds the tenants' schedules (made at run time by POST /schedules);
     deleting it with the stack deletes them while the retained table still lists them."""
