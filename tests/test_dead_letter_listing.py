@@ -58,7 +58,7 @@ def test_a_redrive_racing_a_listing_never_makes_it_show_a_dead_letter_whose_task
     read: list[list[str]] = []
     read_statuses = store.tasks.get_many  # how a listing reads the tasks of a batch it holds
 
-    def get_while_a_redrive_lands(task_ids: list[str]) -> Any:
+    def get_while_a_redrive_lands(task_ids: list[str], **_: Any) -> Any:
         read.append(task_ids)
         moved = redrive_for_tenant(queues, store, "acme", TIER)
         for requeued in moved.task_ids:  # what dispatch._ended._requeue_redriven does with the copy

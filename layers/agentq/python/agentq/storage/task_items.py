@@ -8,6 +8,7 @@ The retention is here too: whichever part ends a task (a transition, a step comm
 from __future__ import annotations
 
 import hashlib
+import logging
 from decimal import Decimal
 from typing import Any
 
@@ -20,6 +21,8 @@ from agentq.storage import keys
 from agentq.storage.budget_items import lapsed_holds
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import Item, Table, Update, plain
+
+log = logging.getLogger("agentq.storage")
 
 DEFAULT_TASK_RETENTION_DAYS = 30
 DAY_SECONDS = 86_400
@@ -168,11 +171,14 @@ class TaskItems:
             task = task.model_copy(update={"retry": RetryState.model_validate(fields)})
         return task
 
-    def get_many(self, task_ids: list[str]) -> list[Task]:
-        """Many tasks (BatchGetItem), in the order asked; missing ones are left out."""
-        return [task for task, _ in self.read_many(task_ids)]
+    def get_many(self, task_ids: list[str], *, skip_unreadable: bool = False) -> list[Task]:
+        """Many tasks (BatchGetItem), in the order asked; missing ones are left out, and with
+        ``skip_unreadable`` one stored as no code of ours can read (written by hand, by a
+        release that wrote what this one refuses) too, named in a warning: a tenant's listing
+        must not fail for every task because of one."""
+        return [task for task, _ in self.read_many(task_ids, skip_unreadable=skip_unreadable)]
 
-    def read_many(self, task_ids: list[str]) -> list[tuple[Task, Item]]:
+    def read_many(self, task_ids: list[str], *, skip_unreadable: bool = False) -> list[tuple[Task, Item]]:
         """``get_many`` with each task's META item as read, which a write of the task may be
         made from (``transition(read=)``: a stop fences the tasks it read without reading META
         again)."""
@@ -181,8 +187,14 @@ class TaskItems:
         out = []
         for t in task_ids:
             meta, sub = by_key.get((keys.task_pk(t), keys.META)), by_key.get((keys.task_pk(t), keys.SUBMISSION))
-            if meta is not None and sub is not None:
+            if meta is None or sub is None:
+                continue
+            try:
                 out.append((self._decode(meta, sub), meta))
+            except ValueError:  # pydantic's ValidationError, a JSON error: what the task holds, not the read
+                if not skip_unreadable:
+                    raise
+                log.warning("task %s is stored as no code of this release can read: left out", t)
         return out
 
     def _decode(self, meta: Item, sub: Item) -> Task:

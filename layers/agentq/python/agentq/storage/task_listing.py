@@ -86,7 +86,7 @@ class TaskListing(TaskItems):
             cursor = None
         else:  # read budget spent: go on from the last index entry evaluated
             cursor = last["gsi1sk"]
-        return self.get_many([task_id for task_id, _ in found]), cursor
+        return self.get_many([task_id for task_id, _ in found], skip_unreadable=True), cursor
 
     def live_task_ids(self, page_size: int = 500, shards: Iterable[int] = range(LIVE_SHARDS)) -> Iterator[str]:
         """Every task in the sparse ``live`` index: the unfinished ones (and a few just finished,
