@@ -9,10 +9,8 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar
-
-from pydantic import BaseModel
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from agentq.api.models import (
     CURSOR_PATTERN,
@@ -44,7 +42,13 @@ def fitting(sizes: Iterable[int], budget: int) -> int:
     return kept
 
 
-M = TypeVar("M", bound=BaseModel)
+class _Answered(Protocol):
+    """An item of a listing: a model whose JSON the answer writes."""
+
+    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
+
+
+M = TypeVar("M", bound=_Answered)
 
 
 def within_budget(found: Sequence[M], more: bool, budget: int = LISTING_PAGE_BYTES) -> tuple[list[M], bool]:
@@ -96,3 +100,29 @@ def version_after(kind: str, cursor: str, listing: list[str], *, max_chars: int 
     if not (type(value[-1]) is int and 1 <= value[-1] < 1_000_000_000):
         raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
     return value[-1]
+
+
+class _Versioned(_Answered, Protocol):
+    @property
+    def version(self) -> int: ...
+
+
+V = TypeVar("V", bound=_Versioned)
+
+
+def version_page(
+    kind: str,
+    listing: list[str],
+    cursor: str | None,
+    read: Callable[[int | None], tuple[Sequence[V], bool]],
+    *,
+    max_chars: int = MAX_CURSOR_CHARS,
+) -> tuple[list[V], str | None]:
+    """One page of a versions listing, newest first (an agent's, a document's, a scope's
+    rules): ``read`` the versions before the one ``cursor`` names (``version_after``; None: from
+    the newest) and whether more follow, keep what fits one answer (``within_budget``), and the
+    cursor of the next page (None at the end)."""
+    before = version_after(kind, cursor, listing, max_chars=max_chars) if cursor else None
+    found, more = read(before)
+    page, more = within_budget(found, more)
+    return page, encode_cursor(kind, [*listing, page[-1].version]) if more and page else None

@@ -9,7 +9,7 @@ from typing import Annotated
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
-from agentq.api.cursors import encode_cursor, version_after, within_budget
+from agentq.api.cursors import version_page
 from agentq.api.errors import JSON, responses
 from agentq.api.models import MAX_LISTING_PAGE, AgentCreated, AgentList, AgentVersions
 from agentq.api.routes.common import ApiDeps, ListingLimit, PageCursor, Router, builtin_script_only
@@ -71,10 +71,12 @@ def router(deps: ApiDeps) -> Router:
         responses=responses(200, AgentVersions, 400, 404, 422),
     )
     def versions(name: AgentName, limit: ListingLimit = MAX_LISTING_PAGE, cursor: PageCursor = None) -> AgentVersions:
-        before = version_after(VERSIONS_CURSOR, cursor, [name]) if cursor else None
-        found, more = store.agents.versions_page(tenant(), name, limit=limit, before=before)
-        page, more = within_budget(found, more)
-        next_cursor = encode_cursor(VERSIONS_CURSOR, [name, page[-1].version]) if more and page else None
+        page, next_cursor = version_page(
+            VERSIONS_CURSOR,
+            [name],
+            cursor,
+            lambda before: store.agents.versions_page(tenant(), name, limit=limit, before=before),
+        )
         return AgentVersions(name=name, versions=page, next_cursor=next_cursor)
 
     return routes

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
-from agentq.api.cursors import InvalidCursor, decode_cursor, encode_cursor, version_after, within_budget
+from agentq.api.cursors import InvalidCursor, decode_cursor, encode_cursor, version_page
 from agentq.api.errors import JSON, responses
 from agentq.api.memory_models import (
     DEFAULT_DOCUMENTS_PAGE,
@@ -248,13 +248,11 @@ def router(deps: ApiDeps) -> Router:
         limit: ListingLimit = MAX_LISTING_PAGE,
         cursor: Annotated[str | None, page_cursor(MAX_DOCUMENTS_CURSOR_CHARS)] = None,
     ) -> MemoryVersionList:
-        cursor_of = [name, path]
-        before = (
-            version_after(VERSIONS_CURSOR, cursor, cursor_of, max_chars=MAX_DOCUMENTS_CURSOR_CHARS) if cursor else None
-        )
-        found, more = stores().versions_page(tenant(), name, path, limit=limit, before=before)
-        page, more = within_budget(found, more)
-        next_cursor = encode_cursor(VERSIONS_CURSOR, [*cursor_of, page[-1].version]) if more and page else None
+        page, next_cursor = version_page(
+            VERSIONS_CURSOR, [name, path], cursor,
+            lambda before: stores().versions_page(tenant(), name, path, limit=limit, before=before),
+            max_chars=MAX_DOCUMENTS_CURSOR_CHARS,
+        )  # fmt: skip
         return MemoryVersionList(store=name, path=path, versions=page, next_cursor=next_cursor)
 
     @routes.post(

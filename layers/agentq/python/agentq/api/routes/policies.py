@@ -11,7 +11,7 @@ from typing import Annotated
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
-from agentq.api.cursors import encode_cursor, version_after, within_budget
+from agentq.api.cursors import version_page
 from agentq.api.errors import JSON, responses
 from agentq.api.models import MAX_LISTING_PAGE
 from agentq.api.models.policies import (
@@ -118,10 +118,11 @@ def router(deps: ApiDeps) -> Router:
         responses=responses(200, PolicyList, 400, 404, 422),
     )
     def history(scope: Scope, limit: ListingLimit = MAX_LISTING_PAGE, cursor: PageCursor = None) -> PolicyList:
-        before = version_after(HISTORY_CURSOR, cursor, [scope]) if cursor else None
-        found, more = store.policies.history_page(tenant(), scope, limit=limit, before=before)
-        page, more = within_budget([view(d) for d in found], more)
-        next_cursor = encode_cursor(HISTORY_CURSOR, [scope, page[-1].version]) if more and page else None
+        def views(before: int | None) -> tuple[list[PolicyView], bool]:
+            found, more = store.policies.history_page(tenant(), scope, limit=limit, before=before)
+            return [view(d) for d in found], more
+
+        page, next_cursor = version_page(HISTORY_CURSOR, [scope], cursor, views)
         return PolicyList(policies=page, next_cursor=next_cursor)
 
     return routes
