@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from agentq.api.memory_client import MemoryStoresClient
 
 from agentq.api.client_agents import AgentCalls
+from agentq.api.client_pages import pages
 from agentq.api.http_client import ApiError as ApiError
 from agentq.api.http_client import AuthenticationError as AuthenticationError
 from agentq.api.http_client import Conflict as Conflict
@@ -146,14 +147,8 @@ class Client(AgentCalls):
 
     def list_schedules(self) -> list[ScheduleView]:
         """Every schedule, by name (following the pages: one holds at most 2 MB)."""
-        out: list[ScheduleView] = []
-        cursor: str | None = None
-        while True:
-            page = self._get(ScheduleList, "/schedules", limit=100, cursor=cursor)
-            out += page.schedules
-            if not page.next_cursor:
-                return out
-            cursor = page.next_cursor
+        read = pages(lambda cursor: self._get(ScheduleList, "/schedules", limit=100, cursor=cursor))
+        return [schedule for page in read for schedule in page.schedules]
 
     def get_schedule(self, name: str) -> ScheduleView:
         return self._get(ScheduleView, f"/schedules/{_seg(name, 'name')}")
@@ -231,15 +226,12 @@ class Client(AgentCalls):
         metadata: Mapping[str, str] | None = None,
     ) -> Iterator[TaskSummary]:
         """Every task (matching ``status`` and ``metadata``), newest first, following the cursors."""
-        cursor = None
-        while True:
-            page = self.list_tasks(
+        for page in pages(
+            lambda cursor: self.list_tasks(
                 status, limit=page_size, cursor=cursor, include_children=include_children, metadata=metadata
             )
+        ):
             yield from page.tasks
-            if not page.next_cursor:
-                return
-            cursor = page.next_cursor
 
     def result(self, task_id: str) -> TaskResult:
         """A finished task's result (``complete`` is False for a partial one); Conflict
@@ -255,13 +247,8 @@ class Client(AgentCalls):
 
     def iter_trace(self, task_id: str, *, page_size: int = 200) -> Iterator[TraceEvent]:
         """Every event of the task's trace, in commit order."""
-        cursor = None
-        while True:
-            page = self.trace(task_id, limit=page_size, cursor=cursor)
+        for page in pages(lambda cursor: self.trace(task_id, limit=page_size, cursor=cursor)):
             yield from page.events
-            if not page.next_cursor:
-                return
-            cursor = page.next_cursor
 
     def events(self, task_id: str, *, after: str | None = None, tree: bool = False, limit: int = 100) -> EventPage:
         """One JSON page of the task's events after ``after`` (an event id or ``next_cursor``)."""
@@ -423,14 +410,7 @@ class Client(AgentCalls):
 
     def messages(self, task_id: str) -> list[MessageView]:
         """Every message the task was sent, in the order it reads them (following the pages)."""
-        out: list[MessageView] = []
-        cursor = None
-        while True:
-            page = self.message_page(task_id, cursor=cursor)
-            out += page.messages
-            if not page.next_cursor:
-                return out
-            cursor = page.next_cursor
+        return [m for page in pages(lambda cursor: self.message_page(task_id, cursor=cursor)) for m in page.messages]
 
     def message_page(self, task_id: str, *, limit: int = MAX_MESSAGE_PAGE, cursor: str | None = None) -> MessageList:
         """One page of the task's messages; pass ``page.next_cursor`` for the next."""

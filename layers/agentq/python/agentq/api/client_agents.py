@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agentq.api.client_pages import pages
 from agentq.api.http_client import HttpClient, _seg
 from agentq.api.models import (
     AgentAliasList,
@@ -48,14 +49,9 @@ class AgentCalls(HttpClient):
 
     def agent_versions(self, name: str) -> list[AgentVersion]:
         """Every version of an agent, newest first (following the pages: one holds at most 2 MB)."""
-        out: list[AgentVersion] = []
-        cursor: str | None = None
-        while True:
-            page = self._get(AgentVersions, f"/agents/{_seg(name, 'name')}/versions", limit=100, cursor=cursor)
-            out += page.versions
-            if not page.next_cursor:
-                return out
-            cursor = page.next_cursor
+        path = f"/agents/{_seg(name, 'name')}/versions"
+        read = pages(lambda cursor: self._get(AgentVersions, path, limit=100, cursor=cursor))
+        return [version for page in read for version in page.versions]
 
     def set_alias(
         self, name: str, alias: str, version: int, canary: tuple[int, int] | None = None,

@@ -13,6 +13,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from agentq.api.client_pages import pages
 from agentq.api.memory_models import (
     MAX_DOCUMENTS_PAGE,
     MAX_STORES_PAGE,
@@ -86,17 +87,14 @@ class MemoryStoresClient:
     ) -> list[MemoryDocument]:
         """Every document under ``path_prefix`` (without content), by path, following the pages
         (``page_size`` read a call, at most 1,000)."""
-        found: list[MemoryDocument] = []
-        cursor = None
-        while True:
+
+        def read(cursor: str | None) -> MemoryDocumentList:
             query = {"path_prefix": path_prefix, "limit": page_size, "cursor": cursor}
-            page = MemoryDocumentList.model_validate(
+            return MemoryDocumentList.model_validate(
                 self.client.request("GET", f"{self._store(store)}/documents", query=query)
             )
-            found += page.documents
-            if not page.next_cursor:
-                return found
-            cursor = page.next_cursor
+
+        return [doc for page in pages(read) for doc in page.documents]
 
     def read(self, store: str, path: str) -> MemoryDocument:
         return MemoryDocument.model_validate(
@@ -120,17 +118,14 @@ class MemoryStoresClient:
     def versions(self, store: str, path: str) -> list[MemoryVersion]:
         """Every retained version of a document, newest first (following the pages: one holds at
         most 2 MB)."""
-        out: list[MemoryVersion] = []
-        cursor: str | None = None
-        while True:
+
+        def read(cursor: str | None) -> MemoryVersionList:
             query = {"path": path, "limit": 100, "cursor": cursor}
-            page = MemoryVersionList.model_validate(
+            return MemoryVersionList.model_validate(
                 self.client.request("GET", f"{self._store(store)}/versions", query=query)
             )
-            out += page.versions
-            if not page.next_cursor:
-                return out
-            cursor = page.next_cursor
+
+        return [version for page in pages(read) for version in page.versions]
 
     def redact(self, store: str, path: str, version: int) -> MemoryVersion:
         data = self.client.request("POST", f"{self._store(store)}/versions/{version}/redact", query={"path": path})
