@@ -12,7 +12,8 @@ remote that echoes its caller's credential would (tests/test_redaction_cuts.py):
 is answered with a message, ``whoami-task:<pad>`` completes its task with it as the artifact,
 ``ask-whoami:<pad>`` asks a question that holds it, ``refuse:<pad>`` is refused with the
 protocol's error that holds it; each after ``<pad>`` (a number: that many dots), so the caller
-chooses where it sits. ``DESK_ENDPOINT`` makes its card name another
+chooses where it sits. ``DESK_HEADERS`` names a file it writes each request's path and trace
+context headers to (tests/test_a2a_remote_span.py). ``DESK_ENDPOINT`` makes its card name another
 endpoint than itself (a card that points elsewhere). ``--tls-cert``/``--tls-key`` serve it over
 https (``--host`` the loopback address it listens on), and ``DESK_HOSTNAME`` answers only a
 request whose ``Host`` is that name (tests/test_a2a_rebinding.py: a client connecting to an
@@ -112,6 +113,10 @@ def build(port: int) -> Any:
 
     class Bearer(BaseHTTPMiddleware):
         async def dispatch(self, request: Any, call_next: Any) -> Any:
+            if os.environ.get("DESK_HEADERS"):  # each request's trace context, as it came
+                with Path(os.environ["DESK_HEADERS"]).open("a") as f:
+                    seen = {name: request.headers.get(name) for name in ("traceparent", "tracestate", "baggage")}
+                    f.write(json.dumps({"path": request.url.path, **seen}) + "\n")
             if TOKEN and request.headers.get("authorization") != f"Bearer {TOKEN}":
                 return JSONResponse({"error": "unauthorized"}, status_code=401)
             return await call_next(request)

@@ -19,6 +19,9 @@ turns internal between the check and the connection (rebinding) reaches nothing,
 not. https keeps the name for SNI, the certificate check and ``Host``. No proxy or ``.netrc``
 from the environment, no redirects. Tests: ``tests/test_a2a_rebinding.py``.
 
+Each contact is an ``invoke_agent`` client span in the trace, and its requests carry the span's
+W3C trace context (``observe.otel_remote``).
+
 What comes back is text another model wrote: ``untrusted`` marks it so before it becomes a
 tool result. It may hold the credential the call sent: what is cut here (the task's text, an
 error's detail) is redacted whole first (``observe.redaction``).
@@ -35,6 +38,8 @@ from agentq.core.models import RemoteAgentRef
 from agentq.core.remote_agents import RemoteAgentError, RemoteRefused, guard
 from agentq.core.tools.fetch import Target
 from agentq.core.vault import Credential, refused
+from agentq.observe import otel
+from agentq.observe.otel_remote import invoke_agent_attributes, trace_headers
 from agentq.observe.redaction import redact
 
 TIMEOUT_SECONDS = 30.0
@@ -128,6 +133,24 @@ class RemoteAgents:
         self, ref: RemoteAgentRef, work: Any, credential: Credential | None, *, url: str | None, key: str | None,
         sending: bool,
     ) -> RemoteView:  # fmt: skip
+        """One contact as an ``invoke_agent`` client span (``observe.otel_remote``), whose trace
+        context goes with each of its requests; an error's code is its ``error.type``."""
+        attributes = invoke_agent_attributes(ref.name, url or ref.card_url, description=ref.description)
+        with otel.span(f"invoke_agent {ref.name}", attributes, client=True) as made:
+            try:
+                view = self._reach(ref, work, credential, url=url, key=key, sending=sending, made=made)
+            except AgentqError as exc:
+                if made is not None:
+                    otel.failed(made, exc.code)
+                raise
+            if made is not None and view.context_id:
+                made.set_attribute("gen_ai.conversation.id", view.context_id)
+            return view
+
+    def _reach(
+        self, ref: RemoteAgentRef, work: Any, credential: Credential | None, *, url: str | None, key: str | None,
+        sending: bool, made: Any,
+    ) -> RemoteView:  # fmt: skip
         import anyio
         import httpx
 
@@ -147,7 +170,7 @@ class RemoteAgents:
             if credential is not None and not credential.allows(target.host, target.port):
                 raise refused(credential, target.host, target.port)
 
-        headers = {}
+        headers = trace_headers()
         auth = None
         if credential is not None:
             bound(checked(ref.card_url))
@@ -176,6 +199,8 @@ class RemoteAgents:
                     endpoint = url
                     card = minimal_agent_card(endpoint, ["JSONRPC"])
                 bound(checked(endpoint, what="the card's endpoint"))
+                if made is not None and url is None:  # the server the card named, which the span is about
+                    made.set_attributes(invoke_agent_attributes(ref.name, endpoint, description=ref.description))
                 client = ClientFactory(ClientConfig(httpx_client=http, streaming=False)).create(card)
                 reached = True
                 return await work(client, endpoint)  # type: ignore[no-any-return]
