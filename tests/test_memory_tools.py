@@ -141,6 +141,71 @@ def test_no_page_of_a_document_holding_a_secret_gives_part_of_it_wherever_the_mo
     assert shown == {(whole, len(whole))}
 
 
+def test_no_search_snippet_gives_part_of_a_secret_wherever_the_query_word_sits_near_it(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    # A snippet is a cut around the query's first word, and the registry redacts only whole
+    # spellings: cut over the document as stored, a snippet ending or starting inside a secret
+    # gave its piece to the model. Search shows the document as memory_read does: redacted whole.
+    import uuid
+
+    from agentq.core.providers.keys import keep_out_of_text
+    from agentq.observe.redaction import MIN_CHARS, REDACTED
+
+    secret = f"sk-ant-api03-{uuid.uuid4().hex}"
+    keep_out_of_text(secret)  # a provider's key, kept as every provider keeps its own
+    _shop(store)
+    # The snippet runs from 80 characters before "lamp" to 160 after: a secret across each end.
+    written = {
+        f"/n/{i}.md": "." * 100 + before + "lamp" + after
+        for i, (before, after) in enumerate(
+            [(secret + "." * (80 - k), "") for k in (3, 9, 20)]
+            + [("", "." * (160 - len("lamp") - k) + secret) for k in (3, 9, 20)]
+        )
+    }
+    for path, content in written.items():
+        store.memory_stores.write("t", "shop", path, content, author=PERSON)
+    outcome = _answer(store, registry, "memory_search", query="lamp", limit=20)
+    pieces = {secret[i : i + MIN_CHARS] for i in range(len(secret) - MIN_CHARS + 1)}
+    assert not outcome.is_error and [p for p in pieces if p in outcome.content] == []
+    hits = {hit["path"]: hit["snippet"] for hit in json.loads(outcome.content)}
+    assert set(hits) == set(written)
+    for path, content in written.items():
+        shown = content.replace(secret, REDACTED)
+        assert hits[path].strip("…") in shown and "lamp" in hits[path]
+
+
+def test_memory_search_is_no_oracle_for_a_secret_in_a_document_its_matches_counted_as_memory_read_shows_it(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    # Matched over the document as stored, a query word inside a secret found its document (and
+    # counted): the model confirmed guesses of a credential, a piece at a time, that memory_read
+    # would never show it. Path and content are matched as shown, redacted.
+    import uuid
+
+    from agentq.observe.redaction import REDACTED, keep_secret
+
+    secret = f"live-{uuid.uuid4().hex[:20]}"
+    keep_secret(secret)  # a deployment secret the worker read: every run's output is redacted of it
+    _shop(store)
+    store.memory_stores.write("t", "shop", "/keys.md", f"live token: {secret}\n", author=PERSON)
+    store.memory_stores.write("t", "shop", f"/by-key/{secret}.md", "pinned", author=PERSON)
+
+    def search(query: str) -> list[dict[str, Any]]:
+        outcome = _answer(store, registry, "memory_search", query=query, limit=20)
+        assert not outcome.is_error, outcome.content
+        found: list[dict[str, Any]] = json.loads(outcome.content)
+        return found
+
+    for guess in (secret, secret[:12], secret[5:14].upper(), secret[-9:]):
+        assert search(guess) == [], guess
+    [hit] = search("live")
+    assert (hit["path"], hit["matches"]) == ("/keys.md", 1)  # "live token", not the secret's "live-"
+    assert hit["snippet"] == f"live token: {REDACTED}\n"
+    assert [(h["path"], h["matches"]) for h in search("by-key pinned")] == [(f"/by-key/{REDACTED}.md", 2)]
+    assert {h["path"] for h in search("redacted credential")} == {"/keys.md", f"/by-key/{REDACTED}.md"}
+
+
 def test_memory_list_reaches_every_document_of_a_store_within_its_default_limit(
     store: Storage, registry: ToolRegistry
 ) -> None:

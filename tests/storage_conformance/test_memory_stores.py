@@ -18,6 +18,7 @@ from agentq.core.memory import (
     MemoryStoreNotFound,
     MemoryStoreSpec,
     MemoryStoreUpdate,
+    SearchView,
     content_sha256,
 )
 from agentq.storage import keys
@@ -177,6 +178,41 @@ def test_search_finds_documents_holding_every_word_most_matches_first(backend: S
     backend.memory_stores.write("t", "shop", "/c/3.md", "asked about shipping", author=PERSON)
     hits = backend.memory_stores.search("t", "shop", "LAMP ordered")
     assert [h.path for h in hits] == ["/c/1.md", "/c/2.md"] and hits[0].matches == 3
+
+
+def test_a_search_through_a_view_matches_as_shown_and_shows_only_documents_holding_the_words_no_mark_adds(
+    backend: Storage,
+) -> None:
+    # The memory tools search through redaction (core.tools.memory.SHOWN), which costs some 30
+    # scans of a document: a document lacking a word is not shown, unless the word may come of
+    # the mark (here "<hidden>"), which only a shown text holds.
+    _store(backend)
+    backend.memory_stores.write("t", "shop", "/c/key.md", "lamp key: sk-0123456789", author=PERSON)
+    backend.memory_stores.write("t", "shop", "/c/sk-0123456789.md", "lamp", author=PERSON)
+    backend.memory_stores.write("t", "shop", "/c/other.md", "a shade", author=PERSON)
+    shown: list[str] = []
+
+    def show(text: str) -> str:
+        shown.append(text)
+        return text.replace("sk-0123456789", "<hidden>")
+
+    view = SearchView(show=show, mark="<hidden>")
+
+    def search(query: str) -> list[tuple[str, int, str]]:
+        shown.clear()
+        return [(h.path, h.matches, h.snippet) for h in backend.memory_stores.search("t", "shop", query, view=view)]
+
+    assert search("0123456789") == [] and search("sk-0123") == []
+    assert "a shade" not in shown  # lacking the word: never shown
+    # Ranked by the path as shown ("/c/<hidden>.md" first), not as stored ("/c/sk-..." last).
+    assert search("lamp") == [("/c/sk-0123456789.md", 1, "lamp"), ("/c/key.md", 1, "lamp key: <hidden>")]
+    assert search("n> key") == [("/c/key.md", 3, "lamp key: <hidden>")]  # "n>" ends the mark; "key" twice
+    assert "a shade" not in shown
+    assert [p for p, _, _ in search("hidden")] == ["/c/sk-0123456789.md", "/c/key.md"]
+    assert "a shade" in shown  # "hidden" may come of the mark: every document is shown
+    assert [h.path for h in backend.memory_stores.search("t", "shop", "0123456789")] == [
+        "/c/key.md", "/c/sk-0123456789.md"
+    ]  # fmt: skip  # without a view (the API: the tenant's own store), as stored
 
 
 def test_a_search_takes_each_word_once_and_refuses_more_than_16_different_words_naming_query(

@@ -23,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -208,6 +210,30 @@ class MemorySearchHit(StrictModel):
     content_sha256: str
     matches: int = Field(description="occurrences of the query's words in path and content")
     snippet: str
+
+
+@dataclass(frozen=True)
+class SearchView:
+    """A document as a search sees it (``storage.memory_items.search_hit``): its path and content
+    through ``show``, which puts ``mark`` where it hides something. The memory tools search
+    through ``observe.redaction.redact``, so a document as ``memory_read`` shows it: matched over
+    the text as stored, a query word inside a credential found its document (the model confirmed
+    its guesses, a piece at a time), and a snippet cut across one gave a piece of it too short
+    for the result's redaction to find."""
+
+    show: Callable[[str], str]
+    mark: str
+
+    def may_add(self, word: str) -> bool:
+        """Whether ``word`` (lowercase) may be in a shown text without being in the stored one:
+        only where an occurrence overlaps a mark (it starts inside one, holds one, or runs into
+        one). Showing costs more than the search's scan (redacting 100 kB took 18 ms, lowercasing
+        and finding a word in it 0.6), so a document lacking a word no mark can add is not shown."""
+        mark = self.mark.lower()
+        return word in mark or any(
+            mark.endswith(word[:k]) or mark.startswith(word[k:]) or word[k:].startswith(mark)
+            for k in range(1, len(word))
+        )
 
 
 class MemoryAttachment(BaseModel):

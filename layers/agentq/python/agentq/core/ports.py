@@ -15,7 +15,7 @@ from agentq.core.caps import Scope, ScopeCap
 from agentq.core.endusers import Approver
 from agentq.core.fanout import ChildPlan
 from agentq.core.flow import Admission
-from agentq.core.memory import Author, MemoryDocument, MemorySearchHit
+from agentq.core.memory import Author, MemoryDocument, MemorySearchHit, SearchView
 from agentq.core.models import (
     CommittedStep,
     CompactStep,
@@ -279,7 +279,9 @@ class MemoryBook(Protocol):
         lease: Lease | None = None,
     ) -> tuple[MemoryDocument, bool]: ...
 
-    def search(self, tenant: str, store: str, query: str, *, limit: int = 10) -> list[MemorySearchHit]: ...
+    def search(
+        self, tenant: str, store: str, query: str, *, limit: int = 10, view: SearchView | None = None
+    ) -> list[MemorySearchHit]: ...
 
 
 class FlowPort(Protocol):

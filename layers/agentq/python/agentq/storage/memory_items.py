@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from agentq.core.errors import ValidationError
@@ -21,6 +22,7 @@ from agentq.core.memory import (
     MemorySearchHit,
     MemoryStore,
     MemoryVersion,
+    SearchView,
     check_path,
 )
 from agentq.storage import keys
@@ -201,18 +203,38 @@ def query_words(query: str) -> list[str]:
     return words
 
 
-def search_hit(item: Item, words: list[str]) -> MemorySearchHit | None:
+def search_hit(item: Item, words: list[str], view: SearchView | None = None) -> MemorySearchHit | None:
     """A document head as a search hit, if its path and content hold every word (``query_words``):
     the text lowercased once, and no word counted before every one is found (a scan that stops at
-    the first occurrence), so a document missing a word costs at most one scan per word."""
+    the first occurrence), so a document missing a word costs at most one scan per word.
+
+    With a ``view`` (the memory tools': redacted), the path and content are matched, counted and
+    cut into the snippet as it shows them; they are shown only once the stored text holds every
+    word the view could not add (``SearchView.may_add``), so a document missing one costs what
+    it did. The hit keeps the stored path, which names the document (the registry redacts the
+    result whole, as it does ``memory_list``'s)."""
     path, content = str(item["path"]), str(item["content"])
     text = f"{path}\n{content}".lower()
+    if view is not None:
+        if not all(word in text or view.may_add(word) for word in words):
+            return None
+        content = view.show(content)
+        text = f"{view.show(path)}\n{content}".lower()
     if not all(word in text for word in words):
         return None
     counts = [text.count(word) for word in words]
     return MemorySearchHit(
         path=path, content_sha256=str(item["content_sha256"]), matches=sum(counts), snippet=snippet(content, words[0])
     )
+
+
+def ranked(items: Iterable[Item], words: list[str], view: SearchView | None = None) -> list[MemorySearchHit]:
+    """The hits among the document heads ``items`` (``search_hit``; deleted ones left out), most
+    occurrences first, then by path as ``view`` shows it: by the stored path, hits of as many
+    occurrences would place a path holding a hidden value among the model's own paths."""
+    hits = [hit for item in items if not item.get("deleted") and (hit := search_hit(item, words, view)) is not None]
+    shown = view.show if view is not None else str
+    return sorted(hits, key=lambda hit: (-hit.matches, shown(hit.path), hit.path))
 
 
 class Retry(Exception):

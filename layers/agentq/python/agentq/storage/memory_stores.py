@@ -57,6 +57,7 @@ from agentq.core.memory import (
     MemoryStoreUpdate,
     MemoryVersion,
     Operation,
+    SearchView,
     content_sha256,
 )
 from agentq.core.models import Lease
@@ -77,7 +78,7 @@ from agentq.storage.memory_items import (
     landed,
     live,
     query_words,
-    search_hit,
+    ranked,
     store_key,
     store_of,
     version_of,
@@ -481,14 +482,15 @@ class MemoryStores:
 
     # --- search ---------------------------------------------------------------------------
 
-    def search(self, tenant: str, store: str, query: str, *, limit: int = 10) -> list[MemorySearchHit]:
+    def search(
+        self, tenant: str, store: str, query: str, *, limit: int = 10, view: SearchView | None = None
+    ) -> list[MemorySearchHit]:
         """Documents holding every word of ``query`` (case-insensitive; each word once, at most
-        ``MAX_QUERY_WORDS``: ``query_words``) in their path or content, most occurrences first.
+        ``MAX_QUERY_WORDS``: ``query_words``) in their path or content, most occurrences first;
+        with ``view``, as it shows them (the memory tools': redacted; ``memory_items.search_hit``).
         It reads the whole store (one Query), which its document limit bounds; there is no index
         to keep in step with the writes."""
         words = query_words(query)
         self.get_store(tenant, store)
         items = self.table.query(keys.memory_store_pk(tenant, store), prefix=keys.MEMORY_DOC)
-        hits = [hit for item in items if not item.get("deleted") and (hit := search_hit(item, words)) is not None]
-        hits.sort(key=lambda hit: (-hit.matches, hit.path))
-        return hits[: max(1, min(limit, MAX_SEARCH_HITS))]
+        return ranked(items, words, view)[: max(1, min(limit, MAX_SEARCH_HITS))]

@@ -11,7 +11,14 @@ content now (``expected_sha256``), which a view of the past could only make conf
 from __future__ import annotations
 
 from agentq.core.engine._session import LeaseState
-from agentq.core.memory import Author, MemoryAttachment, MemoryDocument, MemoryReadOnly, MemorySearchHit
+from agentq.core.memory import (
+    Author,
+    MemoryAttachment,
+    MemoryDocument,
+    MemoryReadOnly,
+    MemorySearchHit,
+    SearchView,
+)
 from agentq.core.ports import MemoryBook
 
 
@@ -47,5 +54,5 @@ class TaskMemory:
             self.tenant, store, path, content, author=author, expected_sha256=expected_sha256, lease=self.held.lease
         )
 
-    def search(self, store: str, query: str, limit: int) -> list[MemorySearchHit]:
-        return self.book.search(self.tenant, store, query, limit=limit)
+    def search(self, store: str, query: str, limit: int, view: SearchView) -> list[MemorySearchHit]:
+        return self.book.search(self.tenant, store, query, limit=limit, view=view)

@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from agentq.core.memory import MemoryDocument, MemorySearchHit
+from agentq.core.memory import MemoryDocument, MemorySearchHit, SearchView
 from agentq.core.secrets import SecretSource
 from agentq.sandbox.base import ExecResult
 
@@ -46,7 +46,7 @@ class MemoryAccess(Protocol):
         self, store: str, path: str, content: str, expected_sha256: str | None
     ) -> tuple[MemoryDocument, bool]: ...
 
-    def search(self, store: str, query: str, limit: int) -> list[MemorySearchHit]: ...
+    def search(self, store: str, query: str, limit: int, view: SearchView) -> list[MemorySearchHit]: ...
 
 
 @runtime_checkable

@@ -24,7 +24,9 @@ replaces the whole document (its description says to read every page before writ
 
 Search is a text match (every word, case-insensitive, in the path or content; most occurrences
 first): it reads the store, which its document limit bounds, and needs no index to keep in step
-with the writes. Semantic search would add an embedding per version, written with it.
+with the writes. Semantic search would add an embedding per version, written with it. It matches,
+counts and cuts its snippets over each document as ``memory_read`` shows it, redacted: over the
+stored text, a word inside a credential was an oracle for it and a snippet could end inside one.
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ from agentq.core.memory import (
     MemoryConflict,
     MemoryDocument,
     MemoryReadOnly,
+    SearchView,
     check_path,
 )
 from agentq.core.tools._context import MemoryAccess, ToolContext
 from agentq.core.tools._core import MAX_RESULT_CHARS, ToolSpec, tool
-from agentq.observe.redaction import redact
+from agentq.observe.redaction import REDACTED, redact
 
 MEMORY_LIST, MEMORY_READ, MEMORY_WRITE, MEMORY_SEARCH = "memory_list", "memory_read", "memory_write", "memory_search"
 MEMORY_TOOLS = (MEMORY_LIST, MEMORY_READ, MEMORY_WRITE, MEMORY_SEARCH)
@@ -71,6 +74,9 @@ PAGE_JSON_CHARS = MAX_RESULT_CHARS * 8 // 10
 # A page of memory_list: documents read (deleted ones too, left out), and at most PAGE_JSON_CHARS
 # of them as JSON (a path may be 1,010 characters).
 DEFAULT_LIST_PAGE, MAX_LIST_PAGE = 100, 200
+# What memory_search matches, counts and cuts its snippets from: each document as memory_read
+# shows it, redacted (``core.memory.SearchView``).
+SHOWN = SearchView(show=redact, mark=REDACTED)
 
 
 def _json_chars(text: str) -> int:
@@ -285,7 +291,9 @@ def memory_tools(attachments: list[MemoryAttachment]) -> list[ToolSpec]:
         limit: Annotated[int, Field(ge=1, le=20, description="at most this many documents")] = 10,
         ctx: ToolContext | None = None,
     ) -> list[dict[str, Any]]:
-        return [hit.model_dump() for hit in store_of(store, ctx).search(store, query, limit)]
+        """Over each document as ``memory_read`` shows it (``SHOWN``): a query word inside a
+        credential finds nothing, and no snippet is cut inside one."""
+        return [hit.model_dump() for hit in store_of(store, ctx).search(store, query, limit, SHOWN)]
 
     offered = offered_memory_tools(attachments)
     return [spec for spec in (memory_list, memory_read, memory_write, memory_search) if spec.name in offered]
