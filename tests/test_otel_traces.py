@@ -105,6 +105,11 @@ def test_a_resumed_task_with_sub_agents_arrives_as_one_tree_in_one_trace(
     assert all(c.attributes["gen_ai.usage.output_tokens"] > 0 for c in chats)
     (spawned,) = [s for st in steps for s in children(st, "execute_tool spawn_subagents")]
     assert spawned.span_id == otel.span_id_of("tool", root.task_id, spawn)
+    # The call began in the first run, which parked for the sub-agents, and ended in the second.
+    assert (
+        runs[0].start_ns <= spawned.start_ns <= runs[0].end_ns <= runs[1].start_ns <= spawned.end_ns <= runs[1].end_ns
+    )
+    assert spawned.status_code == 0 and "error.type" not in spawned.attributes
     agents = children(spawned, "invoke_agent")
     assert sorted(a.attributes["agentq.task_id"] for a in agents) == sorted(record.children)
     for agent in agents:  # each sub-agent's own run, steps, model calls and tool call under it
@@ -112,6 +117,22 @@ def test_a_resumed_task_with_sub_agents_arrives_as_one_tree_in_one_trace(
         child_steps = children(child_run, "step ")
         assert len(child_steps) == 3
         assert [s.name for st in child_steps for s in children(st, "execute_tool")] == ["execute_tool lookup"]
+
+
+@pytest.mark.parametrize("offered", [True, False], ids=["refused", "not-offered"])
+def test_a_spawn_that_made_no_sub_agents_is_one_error_span_of_its_call(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry, offered: bool
+) -> None:
+    """A spawn the limits refuse (no sub-agent asked for), or one the task was not offered, is
+    one ``execute_tool spawn_subagents`` span with an ``error.type``, as any failed tool call."""
+    turns = [{"text": "", "tool_calls": [call("spawn_subagents", subagents=[])]}, {"text": "done"}]
+    task = store.tasks.create(scripted(turns, tools=["spawn_subagents"] if offered else ["lookup"]), tenant="t")
+    assert run(store, registry, task.task_id, "w1") is TaskStatus.SUCCEEDED
+    (result,) = store.steps.load(task.task_id)[1].body.results  # type: ignore[union-attr]
+    assert result.is_error
+    (spawned,) = [s for s in receiver.spans if s.name == "execute_tool spawn_subagents"]
+    assert spawned.status_code == 2 and spawned.attributes["error.type"] == "error"
+    assert spawned.attributes["gen_ai.tool.call.id"] == result.tool_use_id
 
 
 def test_a_model_call_carries_the_genai_attributes_and_its_retry_as_an_event(

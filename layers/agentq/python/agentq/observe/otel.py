@@ -374,9 +374,13 @@ def tool_attributes(name: str, call_id: str, description: str | None) -> dict[st
     return attributes
 
 
-def spawned(task_id: str, use_id: str, started: float, description: str | None = None) -> None:
-    """The spawn_subagents call of a tools step that committed: its span, whose id every
-    sub-agent of it derives as its parent's (``task_ended``)."""
+def spawned(
+    task_id: str, use_id: str, *, started: float, ended: float, error: str | None, description: str | None = None
+) -> None:
+    """A spawn_subagents call of a tools step that committed: its span, whose id every sub-agent
+    of it derives as its parent's (``task_ended``), from when the call began (the first run's
+    spawn, when a later run ends it) to when its result was made; a refused spawn's ``error``
+    (its status) is the span's ``error.type``."""
     if tracer() is None:
         return
     from opentelemetry import context as otel_context
@@ -384,7 +388,9 @@ def spawned(task_id: str, use_id: str, started: float, description: str | None =
     attributes = tool_attributes("spawn_subagents", use_id, description)
     with _started("execute_tool spawn_subagents", otel_context.get_current(), span_id_of("tool", task_id, use_id),
                   attributes=attributes, start_time=int(started * 1e9)) as made:  # fmt: skip
-        made.end()
+        if error is not None:
+            failed(made, error)
+        made.end(end_time=int(max(started, ended) * 1e9))
 
 
 def user_attributes(task: Task) -> dict[str, str]:

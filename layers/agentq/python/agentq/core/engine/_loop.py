@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +41,7 @@ from agentq.core.engine.config import EngineConfig
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.engine.result import RunResult, lease_lost
 from agentq.core.errors import DETERMINISTIC_FAULTS, ConversationMoved, LeaseLost, TaskNotFound, fault_error
-from agentq.core.fanout import SPAWN_TOOL, FanoutLauncher
+from agentq.core.fanout import FanoutLauncher
 from agentq.core.faults import crash_point
 from agentq.core.models import Lease, LLMStep, Task, TaskStatus, TaskSubmission
 from agentq.core.ports import EngineStorage
@@ -287,14 +286,7 @@ class Engine:
             last = s.steps[-1].body if s.steps else None
             if isinstance(last, LLMStep) and last.tool_uses():
                 with observe.otel.step(s.next_step, "tools"):
-                    started = time.time()
                     parked = self._tool_turn.run(s, last)
-                    if parked is None:
-                        for use in last.tool_uses():
-                            if use["name"] == SPAWN_TOOL:
-                                spec = self._requests.registry(s).get(SPAWN_TOOL)
-                                described = spec.description if spec is not None else None
-                                observe.otel.spawned(s.task_id, use["id"], started, described)
                 if parked is not None:
                     return parked
                 if s.task.status.terminal:

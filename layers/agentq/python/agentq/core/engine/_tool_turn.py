@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from agentq import observe
 from agentq.core.engine._approvals import decisions
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._holds import BudgetHolds
@@ -83,6 +84,7 @@ class ToolTurn:
             if u["name"] == SPAWN_TOOL and SPAWN_TOOL in allowlist and u["id"] not in decided and u["id"] not in denied
         ]  # fmt: skip
         outcomes: list[ToolOutcome]
+        spawning = bool(spawns) and self.fanout is not None
         if spawns and self.fanout is not None:
             changes = self.workspaces.child_changes if self.workspaces is not None else None
             spawned = Spawn(self.spawn_ports, self.fanout, self.tools, s, uses, spawns[0], decided, changes).run()
@@ -107,8 +109,24 @@ class ToolTurn:
             self.workspaces.committed(s)
             s.task = s.task.model_copy(update={"workspace": ref})
         self.writer.committed(s, record, messages)
+        if spawning:
+            self._spawn_spans(s, outcomes, decided)
         crash_point("after_tools_commit")
         return None
+
+    def _spawn_spans(self, s: Session, outcomes: list[ToolOutcome], decided: dict[str, ToolOutcome]) -> None:
+        """The ``execute_tool`` span of each spawn_subagents call the spawn made its result for
+        (``observe.otel.spawned``; a call whose result a decision gave, or any call of a turn that
+        spawned nothing, went through ``ToolCaller``, which spans it), timed by its result: a spawn
+        that parked the task began in an earlier run."""
+        spec = self.requests.registry(s).get(SPAWN_TOOL)
+        described = spec.description if spec is not None else None
+        for outcome in outcomes:
+            if outcome.name == SPAWN_TOOL and outcome.tool_use_id not in decided:
+                error = outcome.status if outcome.is_error or outcome.status != "ok" else None
+                observe.otel.spawned(s.task_id, outcome.tool_use_id, started=outcome.started_at,
+                                     ended=outcome.started_at + outcome.duration_ms / 1000, error=error,
+                                     description=described)  # fmt: skip
 
     def _refused(self, s: Session, uses: list[dict[str, Any]], repeated: str) -> RunResult:
         """A turn giving one tool_use id to two calls makes none of them, whoever answered it:
