@@ -1,6 +1,9 @@
 """An HTTP server that echoes what it was sent (request line and headers, plain and base64), the
 way an API that reflects its ``Authorization`` header would; ``/redirect?to=URL`` answers 302 to
-URL. For the vault's tests: whatever reaches it is what agentq sent.
+URL, and with ``&echo=HOW`` puts the request's ``Authorization`` token in that URL as a login or
+OAuth-ish endpoint that reflects a header into its redirect may (``ECHOES``: as it is, every byte
+percent-encoded once or twice, base64, hex, cut in two across the path and the query). For the
+vault's tests: whatever reaches it is what agentq sent.
 
 ``/headers`` answers the request's header fields as JSON the way httpbin's ``/headers`` does: each
 value without the whitespace around it (RFC 9110 5.5: a field value excludes it; Go's net/http,
@@ -27,6 +30,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+def _percent(text: str) -> str:
+    return "".join(f"%{b:02X}" for b in text.encode())
+
+
+ECHOES = {  # HOW -> (the URL to go to, the token) -> the Location
+    "query": lambda to, token: f"{to}?auth={token}",
+    "percent": lambda to, token: f"{to}?auth={_percent(token)}",
+    "percent-twice": lambda to, token: f"{to}?auth={urllib.parse.quote(_percent(token))}",
+    "base64": lambda to, token: f"{to}?state={base64.urlsafe_b64encode(f'Bearer {token}'.encode()).decode()}",
+    "base64-percent": lambda to, token: (
+        f"{to}?k={urllib.parse.quote(base64.b64encode(token.encode()).decode(), safe='')}"
+    ),
+    "hex": lambda to, token: f"{to}?h={token.encode().hex()}",
+    "split": lambda to, token: f"{to}/{token[: len(token) // 2]}?{token[len(token) // 2 :]}",
+}
+
+
 class EchoServer:
     def __init__(self) -> None:
         self.requests: list[dict[str, str]] = []  # headers of every request received, lower-cased names
@@ -40,7 +60,11 @@ class EchoServer:
                 server.requests.append({"path": self.path, **headers})
                 parts = urllib.parse.urlsplit(self.path)
                 if parts.path == "/redirect":
-                    target = urllib.parse.parse_qs(parts.query)["to"][0]
+                    asked = urllib.parse.parse_qs(parts.query)
+                    target = asked["to"][0]
+                    if "echo" in asked:
+                        token = self.headers.get("Authorization", "").split(" ")[-1]
+                        target = ECHOES[asked["echo"][0]](target, token)
                     self.send_response(302)
                     self.send_header("Location", target)
                     self.send_header("Content-Length", "0")

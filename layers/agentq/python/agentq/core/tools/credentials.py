@@ -3,12 +3,14 @@ request's headers becomes one, for a bound host only (``core.vault``).
 
 ``CredentialHandle`` is what ``ctx.credential("github")`` gives a tool: a client that sends the
 credential's header with a request to one of its hosts (through the SSRF guard, redirects
-re-checked hop by hop, the credential dropped on a hop to any other host) and refuses any other
-destination. It has no attribute that holds the value, and its repr names only the credential.
+re-checked hop by hop, the credential dropped on a hop to any other host, and a redirect whose URL
+holds it refused: ``core.tools.fetch.spells_a_value``) and refuses any other destination. It has
+no attribute that holds the value, and its repr names only the credential.
 
 ``vault_headers`` is the same rule for headers that hold references (``http_fetch``'s
 ``headers``): each hop's headers are expanded for that hop's host; a reference to a credential
-that is not bound there refuses the first hop and is dropped from a redirect's.
+that is not bound there refuses the first hop and is dropped from a redirect's (and a redirect
+whose URL echoes it is not followed, as above).
 
 A request that carries a credential goes as the egress proxy sends one (``core.tools.egress``):
 without the headers that ask the server to transform its answer (``TRANSFORMING_HEADERS``, the

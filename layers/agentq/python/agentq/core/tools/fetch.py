@@ -13,7 +13,11 @@ AWS endpoint, the VPC, the instance metadata and the ECS credentials endpoints. 
 - the connection goes to the checked address, never to the name again, so a DNS answer
   that changes between check and use (rebinding) changes nothing; https keeps the name for
   SNI and certificate checks, and the Host header carries it;
-- redirects are followed here, at most ``max_redirects``, each hop checked like the first;
+- redirects are followed here, at most ``max_redirects``, each hop checked like the first; one
+  whose URL holds a credential or secret this run holds, in any spelling the redactor knows, is
+  refused before the host it names is resolved (``spells_a_value``): a bound host that reflects
+  a request's ``Authorization`` into its ``Location`` would otherwise send the value, in a
+  request line, to a host it is not bound to;
 - one deadline covers the whole fetch (resolution, every hop, the body): a watchdog shuts
   the socket down when it passes, however slowly the server drips bytes;
 - no proxy from the environment is used: a proxy would make the address check moot.
@@ -48,7 +52,7 @@ from typing import Any
 
 from agentq.core.tools.addresses import METADATA_ADDRESSES, IPAddress, refusal
 from agentq.core.vault import MAX_VALUE_BYTES
-from agentq.observe.redaction import redact_encoded
+from agentq.observe.redaction import current, redact_encoded
 from agentq.observe.redaction_bytes import WIDEST
 
 ALLOW_VARIABLE = "AGENTQ_HTTP_FETCH_ALLOW"
@@ -330,9 +334,14 @@ def get(
                 status = response.status
                 location = response.getheader("Location")
                 if status in REDIRECT_STATUSES and location and method in FOLLOWED_METHODS:
+                    next_url = urllib.parse.urljoin(target.url, location)
+                    if spells_a_value(next_url):  # first: no error quotes it, nothing is sent where it points
+                        raise FetchRefused(
+                            f"refusing to follow a redirect from {target.host}:{target.port}: its Location holds "
+                            "the value of a credential or secret (an echo of a request's header): nothing sent there"
+                        )
                     if len(redirects) >= policy.max_redirects:
                         raise FetchRefused(f"more than {policy.max_redirects} redirects, last to {location!r}")
-                    next_url = urllib.parse.urljoin(target.url, location)
                     target = _redirect_target(next_url)
                     redirects.append(next_url)
                     continue
@@ -360,6 +369,28 @@ def get(
         raise ConnectionError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from None
     finally:
         deadline.cancel()
+
+
+DECODINGS = 3  # percent-decoded up to this many times over (a value encoded twice is no spelling)
+_DELIMITERS = re.compile(r"[/?#&=;]")
+
+
+def spells_a_value(url: str) -> bool:
+    """Whether ``url`` holds a value this run opened or read (``observe.redaction.current``: a
+    credential, a deployment secret), in any spelling the redactor knows (as it is,
+    percent-encoded, base64, hex...), once percent-decoded up to DECODINGS times (``+`` a space
+    or not: a value with every byte written ``%XX``, or encoded twice, is no spelling of its
+    own, and a server decodes it), or with the URL's delimiters taken out (a value cut in two
+    across the path and the query). No such URL is sent anywhere, a bound host included: agentq
+    never puts a credential in a URL, so one there is an echo. A server that hides the value
+    otherwise (cut around other text, reversed, enciphered) is the host it is bound to, trusted
+    with it, choosing to give it away; what this stops is a reflection."""
+    finder = current()
+    views = level = {url}
+    for _ in range(DECODINGS):
+        level = {decode(v) for v in level for decode in (urllib.parse.unquote, urllib.parse.unquote_plus)} - views
+        views = views | level
+    return any(finder.redact(text) != text for view in views for text in (view, _DELIMITERS.sub("", view)))
 
 
 def _redirect_target(url: str) -> Target:
