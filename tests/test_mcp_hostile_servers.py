@@ -72,12 +72,14 @@ def json_server(request: pytest.FixtureRequest) -> Iterator[str]:
         _stop([proc])
 
 
-def _peak_rss_mb_of_a_call(url: str, megabytes: int) -> tuple[int, str]:
-    """A fresh process calls ``huge`` once; its peak RSS growth (MB) and what the call gave."""
+def _peak_rss_mb_of_a_call(server: dict[str, Any], megabytes: int) -> tuple[int, str]:
+    """A fresh process calls ``huge`` once on ``server`` (an ``McpServerConfig``'s settings); its
+    peak RSS growth (MB) past importing the ``mcp`` package's transports, and what the call gave."""
     code = f"""
 import resource, json
+import mcp.client.stdio, mcp.client.streamable_http
 from agentq.core.tools.mcp import McpServers, McpServerConfig, McpError
-s = McpServers({{"h": McpServerConfig(url={url!r}, timeout_seconds=60)}})
+s = McpServers({{"h": McpServerConfig.model_validate({server!r})}})
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
     out = "ok " + str(len(s.call("h", "huge", {{"megabytes": {megabytes}}}, may_have_run=False)))
@@ -99,9 +101,23 @@ def test_an_mcp_result_far_over_what_a_tool_result_keeps_is_refused_before_it_fi
     # answering 64 MB must not cost the worker many times that in memory first. Over SSE the
     # mcp package refuses an event over its bound; a JSON answer it reads whole, and httpx
     # inflates a gzipped one whatever it becomes. Seen: 599 MB grown, the 64 MB returned.
-    grown, outcome = _peak_rss_mb_of_a_call(json_server, 64)
+    grown, outcome = _peak_rss_mb_of_a_call({"url": json_server, "timeout_seconds": 60}, 64)
     assert grown < 64, f"the worker's peak memory grew {grown} MB for one call ({outcome})"
     assert outcome.startswith("error MCP server 'h' sent a reply of ") and "refused unread" in outcome, outcome
+
+
+def test_a_stdio_mcp_server_s_line_over_the_reply_bound_is_refused_before_it_fills_the_worker_s_memory() -> None:
+    # A stdio server's reply is one line: the mcp package's stdio_client joins its chunks with no
+    # bound, copying the line so far for each one, and parses it whole (core.tools.mcp_stdio).
+    # Seen: a 24 MB line grew the worker by ~260 MB over ~40 s, and was returned.
+    stdio = {"command": [sys.executable, "-m", "tests.mcp_servers.hostile", "--stdio"],
+             "env": {"PYTHONPATH": str(ROOT)}, "timeout_seconds": 120}  # fmt: skip
+    grown, outcome = _peak_rss_mb_of_a_call(stdio, 24)
+    assert grown < 24, f"the worker's peak memory grew {grown} MB for one call ({outcome})"
+    assert outcome == (
+        f"error MCP server 'h' sent a reply over the {MAX_REPLY_BYTES} bytes one reply may hold: "
+        "refused unread (a tool result keeps 100000 characters)"
+    ), outcome
 
 
 class _Stack:
@@ -120,16 +136,22 @@ class _Stack:
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Stack]:
-    """A local stack with three hostile servers: ``big`` (JSON replies), ``twice`` (lists
-    ``echo_headers`` twice) and ``bloated`` (SSE; its listing is 8 MB)."""
-    ledger = tmp_path_factory.mktemp("hostile") / "calls"
+    """A local stack with hostile servers: ``big`` (JSON replies), ``twice`` (lists
+    ``echo_headers`` twice) and ``bloated`` (SSE; its listing is 8 MB), and over stdio
+    ``big_stdio`` and ``bloated_stdio``. Each ``big`` server's calls go to ``ledger/<name>``."""
+    ledger = tmp_path_factory.mktemp("hostile")
     ports = {"big": _free_port(), "twice": _free_port(), "bloated": _free_port()}
     procs = [
-        _start(ports["big"], "--json", HOSTILE_LEDGER=str(ledger)),
+        _start(ports["big"], "--json", HOSTILE_LEDGER=str(ledger / "big")),
         _start(ports["twice"], HOSTILE_DUPLICATE="1"),
         _start(ports["bloated"], HOSTILE_LISTING_MB="8"),
     ]
-    servers = {name: {"url": f"http://127.0.0.1:{port}/mcp", "timeout_seconds": 30} for name, port in ports.items()}
+    servers: dict[str, Any] = {name: {"url": f"http://127.0.0.1:{port}/mcp", "timeout_seconds": 30}
+                               for name, port in ports.items()}  # fmt: skip
+    stdio = [sys.executable, "-m", "tests.mcp_servers.hostile", "--stdio"]
+    servers["big_stdio"] = {"command": stdio, "timeout_seconds": 30,
+                            "env": {"PYTHONPATH": str(ROOT), "HOSTILE_LEDGER": str(ledger / "big_stdio")}}  # fmt: skip
+    servers["bloated_stdio"] = {"command": stdio, "env": {"PYTHONPATH": str(ROOT), "HOSTILE_LISTING_MB": "8"}}
     stack = None
     try:
         for port in ports.values():
@@ -170,13 +192,41 @@ def test_a_task_reads_why_a_huge_mcp_reply_was_refused_and_the_side_effecting_ca
     # never running it again), and the server ran it once.
     record = store.effects.get(task_id, once.tool_use_id)
     assert record is not None and record.state == "done" and record.is_error and record.content == once.content
-    assert hostile.ledger.read_text().splitlines() == ["huge_once 8"]
+    assert (hostile.ledger / "big").read_text().splitlines() == ["huge_once 8"]
     # Replies are asked for unencoded: a gzipped one is inflated past any bound before it is read.
     assert "'accept-encoding': 'identity'" in results["mcp__big__echo_headers"].content
 
 
-def test_a_listing_over_the_reply_bound_is_refused_by_the_api_naming_the_server(hostile: _Stack) -> None:
-    status, refused = hostile.agent([{"name": "big"}, {"name": "bloated"}])
+def test_a_stdio_server_s_reply_over_the_bound_is_refused_and_the_side_effecting_call_that_sent_one_never_runs_again(
+    hostile: _Stack,
+) -> None:
+    turns: list[dict[str, Any]] = [{"tool_calls": [call("mcp__big_stdio__huge", megabytes=8),
+                                                   call("mcp__big_stdio__huge_once", megabytes=8)]}, {"text": "done"}]  # fmt: skip
+    status, created = hostile.agent([{"name": "big_stdio"}], turns)
+    assert status == 201, created
+    status, accepted = hostile.http("POST", "/tasks", {"goal": "g", "agent": created["agent"]["name"]})
+    assert status == 202, accepted
+    task_id = accepted["task_id"]
+    done = run_agentq(["run-task", task_id, "--lease", "10", "--wait", "0"], env=hostile.stack.env(), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1])["status"] == "succeeded", done.stderr[-3000:]
+
+    store = hostile.stack.store()
+    results = {r.name: r for s in store.steps.load(task_id) if isinstance(s.body, ToolsStep) for r in s.body.results}
+    read_only, once = results["mcp__big_stdio__huge"], results["mcp__big_stdio__huge_once"]
+    refused = f"MCP server 'big_stdio' sent a reply over the {MAX_REPLY_BYTES} bytes one reply may hold: refused unread"
+    assert read_only.is_error and read_only.content.endswith(f"{refused} (a tool result keeps 100000 characters)")
+    assert once.is_error and once.side_effects
+    sent = f"{refused}. The call was sent: it ran, or may have, and is not run again; its result is unknown"
+    assert once.content.endswith(sent), once.content
+    record = store.effects.get(task_id, once.tool_use_id)
+    assert record is not None and record.state == "done" and record.is_error and record.content == once.content
+    assert (hostile.ledger / "big_stdio").read_text().splitlines() == ["huge_once 8"]
+
+
+@pytest.mark.parametrize("bloated", ["bloated", "bloated_stdio"])
+def test_a_listing_over_the_reply_bound_is_refused_by_the_api_naming_the_server(hostile: _Stack, bloated: str) -> None:
+    status, refused = hostile.agent([{"name": "big"}, {"name": bloated}])
     assert status == 422 and refused["error"]["field"] == "mcp_servers[1]", refused
     assert f"sent a reply over the {MAX_REPLY_BYTES} bytes one reply may hold" in refused["error"]["message"]
 

@@ -3,9 +3,11 @@ MB of text, read-only (``huge``) and side-effecting (``huge_once``: each call ap
 ``$HOSTILE_LEDGER``, so a test counts them), one that echoes the request's headers; a listing
 that names ``echo_headers`` twice (``HOSTILE_DUPLICATE=1``) or describes ``huge`` in
 ``$HOSTILE_LISTING_MB`` MB. Over streamable HTTP, answering with one JSON body (``--json``) or
-SSE, gzipped for a client that accepts it (``--gzip``).
+SSE, gzipped for a client that accepts it (``--gzip``); or over stdio (``--stdio``), where a
+reply is one line.
 
     python -m tests.mcp_servers.hostile --port 8766 [--json] [--gzip]
+    python -m tests.mcp_servers.hostile --stdio
 """
 
 from __future__ import annotations
@@ -81,7 +83,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--gzip", action="store_true", help="compress answers (a client accepting gzip inflates them)")
+    parser.add_argument("--stdio", action="store_true")
     args = parser.parse_args()
+    if args.stdio:
+        server.run("stdio")
+        return
     if args.gzip:
         import uvicorn
         from starlette.middleware.gzip import GZipMiddleware

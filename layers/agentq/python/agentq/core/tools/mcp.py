@@ -23,13 +23,13 @@ resume; any other is side-effecting, at most once, and *outcome unknown* after a
 server that is down, answers an error, or drops the call gives the model a tool error that
 says which (and, for a call that may have run, that its outcome is unknown).
 
-A server's reply is untrusted as its content is: over HTTP, each is asked for unencoded and
-refused as it is read once over ``core.tools.mcp_http.MAX_REPLY_BYTES`` (4 MB), in a worker's
-call and in the API's listing, never held whole (the ``mcp`` package would read a JSON reply
-whole, and httpx inflate a gzipped one). The call was sent by then: a side-effecting tool's
-outcome is "ran, result refused", finished as such and never run again; a read-only one is a
-tool error the model reads. Not so bounded: a stdio server's replies, which the ``mcp``
-package reads line by line without a bound (the server is a command the operator chose).
+A server's reply is untrusted as its content is: each is refused as it is read once over
+``core.tools.mcp_http.MAX_REPLY_BYTES`` (4 MB), in a worker's call and in the API's listing,
+never held whole. Over HTTP it is asked for unencoded (the ``mcp`` package would read a JSON
+reply whole, and httpx inflate a gzipped one); over stdio each line is bounded by agentq's own
+transport (``core.tools.mcp_stdio``: the package's joins a line's chunks without a bound). The
+call was sent by then: a side-effecting tool's outcome is "ran, result refused", finished as
+such and never run again; a read-only one is a tool error the model reads.
 """
 
 from __future__ import annotations
@@ -293,12 +293,11 @@ class McpServers:
             return streamable_http_client(
                 config.url, http_client=http_client(headers, bound), max_sse_event_size=MAX_REPLY_BYTES
             )
-        from mcp.client.stdio import StdioServerParameters, stdio_client
+        from agentq.core.tools.mcp_stdio import bounded_stdio_client
 
         assert config.command is not None
         env = {k: self.secrets.expand(v) for k, v in config.env.items()}
-        params = StdioServerParameters(command=config.command[0], args=config.command[1:], env=env or None)
-        return stdio_client(params, errlog=sys.stderr)
+        return bounded_stdio_client(config.command, env, bound, errlog=sys.stderr)
 
 
 def mcp_tool_specs(pins: Iterable[McpToolPin], servers: McpServers | None) -> list[ToolSpec]:
