@@ -251,10 +251,13 @@ class AgentqResolver(APIGatewayRestResolver):
     def _checked(self, event: Any, context: Any) -> dict[str, Any]:
         answer = self._guarded(event, context)
         refused = answer is not None and answer.get("statusCode") in (400, 413, 415, 422)
-        if refused and answer is not None and a2a_route.is_rpc_path(str(event.get("path") or "")):
+        path = str(event.get("path") or "")
+        if refused and answer is not None and a2a_route.is_rpc_path(path):
             # in JSON-RPC's words for an A2A client
             return a2a_route.rpc_refusal(int(answer["statusCode"]), json.loads(answer["body"])["error"]["message"])
-        return answer if answer is not None else super().resolve(event, context)
+        answer = answer if answer is not None else super().resolve(event, context)
+        # An MCP client reads JSON-RPC errors only: each of agentq's own in its words, status kept
+        return mcp_route.proxy_in_rpc_words(answer, event) if mcp_route.is_mcp_path(path) else answer
 
     def _guarded(self, event: Any, context: Any) -> dict[str, Any] | None:
         """The refusal of a request no route may see (too large, not JSON, no tenant), or None."""

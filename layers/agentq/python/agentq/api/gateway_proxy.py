@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 from agentq.api.app import is_public
 from agentq.api.auth import Unauthorized
 from agentq.api.errors import error_body
+from agentq.api.routes.mcp import in_rpc_words, is_mcp_path
 
 LOCAL_TENANT = "local"
 
@@ -156,7 +157,10 @@ def dispatch(
         try:
             caller = _caller(authorizer, url, headers)
         except Exception as exc:  # the authorizer's refusal, whatever the reason: 401 as API Gateway
-            return refusal(exc)
+            status, out, page = refusal(exc)
+            if is_mcp_path(urlsplit(url).path):  # an MCP client reads JSON-RPC errors only
+                page = in_rpc_words(status, page, body) or page
+            return status, out, page
     result = handler(proxy_event(method, url, headers, body, context=caller), None)
     out = {**(result.get("headers") or {})}
     for name, values in (result.get("multiValueHeaders") or {}).items():

@@ -60,6 +60,7 @@ from agentq.api.hang_ups import HangUps
 from agentq.api.live_stream import LiveStream, live_var
 from agentq.api.models.base import body_limit
 from agentq.api.routes.a2a import is_rpc_path, rpc_refusal
+from agentq.api.routes.mcp import in_rpc_words, is_mcp_path
 from agentq.api.stream_caps import TooManyStreams
 from agentq.core.errors import AgentqError, TaskNotFound
 
@@ -201,7 +202,10 @@ class ApiServer:
                         self._reply(200, {"Content-Type": "application/json", "Connection": "close"},
                                     answer["body"].encode())  # fmt: skip
                         return
-                    self._reply(*refused.page())
+                    status, out, page = refused.page()
+                    if is_mcp_path(urlsplit(self.path).path):  # and for an MCP client (the body unread: no id)
+                        page = in_rpc_words(status, page, None) or page
+                    self._reply(status, out, page)
                     return
                 parts = urlsplit(self.path)
                 match = _EVENTS_PATH.fullmatch(parts.path)

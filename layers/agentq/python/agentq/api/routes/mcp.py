@@ -7,18 +7,35 @@ same TOKEN authorizer (a tenant's API key), with no connection to keep and no se
 another Lambda instance would not know. The route hands the request to the ASGI app in an event
 loop of its own and the ASGI answer back to powertools. Not in the OpenAPI document: it speaks
 JSON-RPC, not the REST API's shapes.
+
+What agentq itself refuses on ``/mcp`` before the ``mcp`` package sees the request (the key, the
+body's size, its media type, JSON no parser takes whole: ``api.app``, ``api.http_guard``,
+``api.gateway_proxy``) is answered in JSON-RPC's words (``in_rpc_words``), with its HTTP status
+and headers kept (401 with ``WWW-Authenticate: Bearer``, as the MCP spec's auth asks). The
+``mcp`` package's client surfaces a JSON-RPC error from the body of a non-2xx answer as an
+``MCPError`` with its message; from the REST API's ``{"error": {...}}`` it read only "Server
+returned an error response", and the caller never learnt which guard refused it, or why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
 
 from agentq.api.asgi_request import serve
+from agentq.api.models.base import MAX_BODY_BYTES
 from agentq.api.routes.common import ApiDeps, Router
+
+MCP_PATH = re.compile(r"/mcp/?")
+PARSE_ERROR, INVALID_REQUEST, INTERNAL_ERROR = -32700, -32600, -32603  # JSON-RPC 2.0's codes
+_UNPARSED = frozenset({"invalid_body", "invalid_json"})  # agentq's codes for JSON no parser takes
 
 _NO_STREAM = json.dumps(
     {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Method Not Allowed: this server is stateless "
@@ -74,3 +91,71 @@ async def _serve(
     )
     async with manager.run():
         return await serve(manager.handle_request, method=method, path="/mcp", headers=headers, body=body)
+
+
+def is_mcp_path(path: str) -> bool:
+    return MCP_PATH.fullmatch(path.split("?", 1)[0]) is not None
+
+
+def in_rpc_words(status: int, answer: bytes | str, request: bytes | str | None) -> bytes | None:
+    """``answer``, agentq's error (``{"error": {"code", "message", "field"?}}``, status 400 or
+    more) to the JSON-RPC message ``request``, as a JSON-RPC error response: its message as it
+    was, agentq's code and field in ``data``, and the request's id when it can be read
+    (``request_id``; JSON-RPC's null otherwise). None for any other answer: a success, or the
+    ``mcp`` package's own JSON-RPC error (whose code is a number)."""
+    if status < 400:
+        return None
+    try:
+        error = json.loads(answer)["error"]
+        code, message = error["code"], error["message"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(code, str) or not isinstance(message, str):
+        return None
+    rpc_code = PARSE_ERROR if code in _UNPARSED else INTERNAL_ERROR if status >= 500 else INVALID_REQUEST
+    data = {"code": code, **({"field": error["field"]} if isinstance(error.get("field"), str) else {})}
+    said = {"jsonrpc": "2.0", "id": request_id(request), "error": {"code": rpc_code, "message": message, "data": data}}
+    return json.dumps(said).encode()
+
+
+def proxy_in_rpc_words(answer: dict[str, Any], event: Mapping[str, Any]) -> dict[str, Any]:
+    """A proxy response (``api.app``'s) to the request ``event``, its error in JSON-RPC's words."""
+    if answer.get("isBase64Encoded"):
+        return answer
+    request = event.get("body")
+    if request and event.get("isBase64Encoded"):
+        try:
+            request = base64.b64decode(request)
+        except (binascii.Error, ValueError):
+            request = None
+    said = in_rpc_words(int(answer.get("statusCode") or 500), answer.get("body") or "", request)
+    return answer if said is None else {**answer, "body": said.decode()}
+
+
+class _Object:
+    """A JSON object read by ``request_id``: its members as given (a member named twice stays twice)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        self.pairs = pairs
+
+
+def request_id(request: bytes | str | None) -> str | int | None:
+    """The id of the one JSON-RPC request (an object with a ``method`` and an ``id``) that
+    ``request`` holds, or None: none read (a body over the API's limit is not parsed for it),
+    not JSON, a notification, a response, a batch, or an id named twice or not a string or an
+    integer (MCP's ids). JSON-RPC answers an error whose request's id could not be read with a
+    null id; the ``mcp`` client then gives the error to the request it sent."""
+    if not request or len(request) > MAX_BODY_BYTES:
+        return None
+    try:
+        value = json.loads(request, object_pairs_hook=_Object, parse_constant=lambda _: None,
+                           parse_int=lambda digits: int(digits) if len(digits) <= 20 else None)  # fmt: skip
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, _Object):
+        return None
+    ids = [v for k, v in value.pairs if k == "id"]
+    if len(ids) != 1 or not any(k == "method" for k, _ in value.pairs):
+        return None
+    found = ids[0]
+    return found if isinstance(found, str) or (isinstance(found, int) and not isinstance(found, bool)) else None
