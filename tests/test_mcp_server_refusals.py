@@ -135,3 +135,46 @@ def test_the_api_lambda_answers_its_refusals_on_mcp_in_json_rpc_s_words() -> Non
     # The rest of the API keeps its own words.
     answer = app.resolve(proxy_event("POST", "/tasks", headers, json.dumps({"goal": "x"}), tenant=None), None)
     assert json.loads(answer["body"])["error"]["code"] == "unauthorized"
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ({"hello": 1}, '"jsonrpc" must be "2.0"'),
+        ([{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}], "a batch (a JSON array) is not taken"),
+        ("tools/list", "the body is a JSON str, not a JSON-RPC message"),
+        ({"jsonrpc": "2.0", "id": 2}, 'has a "method"'),
+        ({"jsonrpc": "2.0", "id": 3, "method": 7}, '"method" must be a string'),
+        ({"jsonrpc": "2.0", "id": 4, "method": "tools/list", "params": [1]}, '"params" must be an object'),
+        ({"jsonrpc": "2.0", "id": None, "method": "tools/list"}, '"id" must be a string or an integer'),
+        ({"jsonrpc": "2.0", "id": True, "method": "tools/list"}, '"id" must be a string or an integer'),
+    ],
+    ids=["no-jsonrpc", "batch", "string", "neither", "method-number", "params-list", "id-null", "id-bool"],
+)
+def test_json_that_is_no_json_rpc_message_is_invalid_request_saying_why_without_the_parser_s_report(
+    api_stack: ApiStack, body: Any, said: str
+) -> None:
+    """JSON-RPC 2.0: JSON that is no Request object is -32600 Invalid Request (a batch too: MCP
+    dropped batching in 2025-06-18), with the request's id when it has a usable one. The ``mcp``
+    package answered -32602 with pydantic's whole report: its type names, help URLs, the input."""
+    status, data, _ = _post(api_stack.url, api_stack.key, json.dumps(body).encode())
+    assert status == 400 and data["error"]["code"] == INVALID_REQUEST, data
+    message = data["error"]["message"]
+    assert said in message and "pydantic" not in message and "input_value" not in message, message
+    request = isinstance(body, dict) and "method" in body  # a request's id; none of what is not one
+    expected_id = body["id"] if request and type(body.get("id")) in (int, str) else None
+    assert data["id"] == expected_id and data["jsonrpc"] == "2.0"
+
+
+def test_a_well_formed_request_and_a_response_still_reach_the_mcp_server(api_stack: ApiStack) -> None:
+    """The check refuses only what is no message: a request is answered by the server, and a
+    response (a client answering a server's request) is taken with no answer."""
+    status, data, _ = _post(api_stack.url, api_stack.key, b'{"jsonrpc": "2.0", "id": "a", "method": "ping"}')
+    assert status == 200 and data == {"jsonrpc": "2.0", "id": "a", "result": {}}, data
+    request = urllib.request.Request(
+        f"{api_stack.url}/mcp", data=b'{"jsonrpc": "2.0", "id": 9, "result": {}}', method="POST",
+        headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                 "Authorization": f"Bearer {api_stack.key}"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 202

@@ -62,6 +62,9 @@ def router(deps: ApiDeps) -> Router:
         if not server:
             server.append(build_server(McpDeps(deps.store, deps.tools, deps.queues, deps.defaults, deps.fanout)))
         body = (event.decoded_body or "").encode()
+        if event.http_method.upper() == "POST" and (wrong := not_a_message(body)) is not None:
+            said = {"jsonrpc": "2.0", "id": request_id(body), "error": {"code": INVALID_REQUEST, "message": wrong}}
+            return Response(status_code=400, content_type="application/json", body=json.dumps(said))
         headers = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in (event.headers or {}).items()]
         token = caller_var.set(deps.caller())
         try:
@@ -91,6 +94,37 @@ async def _serve(
     )
     async with manager.run():
         return await serve(manager.handle_request, method=method, path="/mcp", headers=headers, body=body)
+
+
+def not_a_message(body: bytes) -> str | None:
+    """Why ``body`` is no JSON-RPC message MCP takes (JSON-RPC 2.0's Invalid Request), or None:
+    a message is one object (MCP dropped batches in 2025-06-18) with ``"jsonrpc": "2.0"`` and a
+    string ``method`` (a request, a notification) or an ``id`` with a ``result`` or an ``error``
+    (a response); ``params``, when given, an object; an ``id`` a string or an integer. The
+    ``mcp`` package answered such JSON -32602 with pydantic's whole report (its type names, help
+    URLs, the input echoed back), which the API keeps from its callers everywhere else. A body
+    that is not JSON is left to the package (-32700), as are a known method's params."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(value, list):
+        return "Invalid Request: a batch (a JSON array) is not taken: send one JSON-RPC message per request"
+    if not isinstance(value, dict):
+        return f"Invalid Request: the body is a JSON {type(value).__name__}, not a JSON-RPC message (an object)"
+    if value.get("jsonrpc") != "2.0":
+        return 'Invalid Request: "jsonrpc" must be "2.0"'
+    if "id" in value and (isinstance(value["id"], bool) or not isinstance(value["id"], (str, int))):
+        return 'Invalid Request: "id" must be a string or an integer'
+    if "method" in value:
+        if not isinstance(value["method"], str):
+            return 'Invalid Request: "method" must be a string'
+        if "params" in value and not isinstance(value["params"], dict):
+            return 'Invalid Request: "params" must be an object'
+        return None
+    if "id" in value and ("result" in value or "error" in value):
+        return None
+    return 'Invalid Request: a JSON-RPC message has a "method" (a request or a notification) or an "id" with a "result" or an "error" (a response)'
 
 
 def is_mcp_path(path: str) -> bool:
