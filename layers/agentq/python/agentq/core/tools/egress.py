@@ -77,7 +77,6 @@ import collections
 import contextlib
 import os
 import re
-import selectors
 import socket
 import tempfile
 import threading
@@ -86,6 +85,7 @@ from collections.abc import Callable, Iterator
 from agentq.core.errors import AgentqError
 from agentq.core.pids import left_by_gone
 from agentq.core.tools.egress_answer import ASK_IDENTITY, TRANSFORMING_HEADERS, Answer, AnswerRefused
+from agentq.core.tools.egress_pipe import pipe
 from agentq.core.tools.egress_request import (
     VERSION,
     BadBody,
@@ -326,7 +326,7 @@ class EgressProxy:
                 request = f"{method} {origin} {version}\r\nHost: {authority}\r\n".encode("latin-1")
                 head = request + b"\r\n".join([*kept, *added, b"Connection: close"]) + b"\r\n\r\n"
                 upstream.sendall(head + body.feed(rest))
-            _pipe(conn, upstream, self.idle_seconds, body, answer)
+            pipe(conn, upstream, self.idle_seconds, body, answer)
             if answer is not None:
                 with self._redacting:
                     redacted = answer.redacted()
@@ -407,63 +407,6 @@ def _header_line(credential: Credential) -> bytes:
 def allows(rule: HostRule, host: str, port: int) -> bool:
     """A rule with a port allows that port; one without allows the web's ports, 80 and 443."""
     return rule.host == host and (port == rule.port if rule.port is not None else port in DEFAULT_PORTS)
-
-
-def _pipe(
-    client: socket.socket,
-    upstream: socket.socket,
-    idle_seconds: float,
-    body: Body | None = None,
-    answer: Answer | None = None,
-) -> None:
-    """Copies bytes both ways in this one thread until both sides have ended, or until no byte
-    has moved either way for ``idle_seconds`` (a send that makes no progress as long counts).
-    With a plain request's ``body``, the client's bytes go upstream through it (its framed body,
-    then nothing), and the upstream's end is the connection's: its one answer is over. With an
-    ``answer`` (a credentialed request's), the upstream's bytes go into it, not to the client
-    (but an interim head, redacted), until its framed end or the upstream's."""
-    peer = {client: upstream, upstream: client}
-    open_ = {client, upstream}  # the sides still sending
-    client.settimeout(idle_seconds)  # bounds a sendall to a side that stopped reading
-    upstream.settimeout(idle_seconds)
-    answered = False  # a byte of the upstream's answer went to the client
-    with selectors.DefaultSelector() as selector:
-        for sock in open_:
-            selector.register(sock, selectors.EVENT_READ)
-        while open_:
-            ready = selector.select(idle_seconds)
-            if not ready:
-                return  # idle: the caller closes both
-            for key, _ in ready:
-                src = key.fileobj
-                assert isinstance(src, socket.socket)
-                try:
-                    chunk = src.recv(65536)
-                    if chunk:
-                        if src is upstream and answer is not None:
-                            client.sendall(answer.feed(chunk))
-                            if answer.done:
-                                return
-                            continue
-                        if src is client and body is not None:
-                            try:
-                                chunk = body.feed(chunk)  # b"" once the body is over: dropped
-                            except BadBody as exc:
-                                exc.answered = answered
-                                raise
-                        peer[src].sendall(chunk)
-                        answered = answered or src is upstream
-                        continue
-                except OSError:
-                    return
-                if src is upstream and body is not None:
-                    if answer is not None:
-                        answer.end()
-                    return  # the one answer is over: nothing the client sends now goes anywhere
-                selector.unregister(src)
-                open_.discard(src)
-                with contextlib.suppress(OSError):
-                    peer[src].shutdown(socket.SHUT_WR)
 
 
 def _answer(conn: socket.socket, status: int, message: str) -> None:
