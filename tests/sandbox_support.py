@@ -162,3 +162,19 @@ def host_processes_in_namespace(pid_ns: str) -> list[int]:
             if state not in (b"Z", b"X"):
                 found.append(int(entry))
     return found
+
+
+def processes_with(tag: str) -> list[int]:
+    """Live host pids whose command line holds ``tag`` (a sandbox's processes are seen from here:
+    their PID namespace is a child of this one; a zombie's command line reads empty)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if tag.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue  # gone meanwhile
+    return found

@@ -318,10 +318,11 @@ class HeartbeatHub:
             try:
                 state.lease = self.store.tasks.extend_lease(state.lease, self.config.task_lease_seconds)
                 self._count("extended")
-            except LeaseLost:
-                # Taken over by another worker, or dropped by the task itself (it finished or was
-                # released) while this write was on the wire: the store cannot tell us which.
-                state.lost.set()
+            except LeaseLost as exc:
+                # Taken over by another worker, marked by a stop, or dropped by the task itself (it
+                # finished or was released) while this write was on the wire: the run, if it is
+                # still on, ends as the store's reason says (``LeaseState.lose``).
+                state.lose(exc)
                 self._count("refused")
             except Exception:
                 log.exception("lease heartbeat failed for %s", state.lease.task_id)
@@ -339,8 +340,8 @@ class HeartbeatHub:
             self.store.tasks.publish_live_text(state.lease, text, seen)
             h.published = (text, seen)
             self._count("live_text")
-        except LeaseLost:
-            state.lost.set()
+        except LeaseLost as exc:
+            state.lose(exc)
             self._count("refused")
         except Exception:
             log.exception("live text of %s not written", state.lease.task_id)

@@ -21,6 +21,9 @@ from typing import Any, Protocol, runtime_checkable
 # filter refused, a namespace missing): the code did not run.
 SETUP_FAILED_EXIT = 121
 SETUP_FAILED_MARK = "agentq-sandbox-setup-failed: "
+# What a run killed because its task no longer runs here (``limit`` "halted") is told: nothing it
+# did will be kept, and no step follows on this worker.
+HALTED = "killed: its task was stopped, cancelled or taken over while it ran; every process of it was killed"
 
 
 class SandboxUnavailable(RuntimeError):
@@ -68,7 +71,7 @@ class ExecResult:
     stdout_bytes: int = 0  # how many the code wrote, kept or not
     stderr_bytes: int = 0
     timed_out: bool = False
-    limit: str | None = None  # "files" | "disk": the supervisor killed the run for it
+    limit: str | None = None  # "files" | "disk" | "halted" (its task stopped): why the supervisor killed it
     duration_ms: int = 0
     isolation: str = ""  # which sandbox ran it ("bwrap", "lambda", ...), for the trace
     notes: tuple[str, ...] = field(default=())
@@ -102,6 +105,8 @@ class ExecResult:
             return f"killed: created more than {limits.max_files} files and directories"
         if self.limit == "disk":
             return f"killed: wrote more than {limits.max_disk_bytes // (1024 * 1024)} MB to disk"
+        if self.limit == "halted":
+            return HALTED
         if code == -signal.SIGXCPU:
             return "killed: CPU time limit exceeded"
         if code == -signal.SIGXFSZ:

@@ -190,9 +190,11 @@ class BwrapSandbox:
             self.python, "-I", "-S", "-B", "-u", "-c", self._runner, json.dumps(config),
         ]  # fmt: skip
 
-    def run(self, request: ExecRequest, setup: Setup | None = None) -> ExecResult:
+    def run(
+        self, request: ExecRequest, setup: Setup | None = None, *, halt: threading.Event | None = None
+    ) -> ExecResult:
         """Run ``request`` (``setup``: what a workspace adds: its directory bound in, the
-        runner's mode; see ``sandbox.workspace``)."""
+        runner's mode; see ``sandbox.workspace``); ``halt``: kill it once set (``supervise``)."""
         code = request.code.encode("utf-8")
         if len(code) > self.limits.max_code_bytes:
             raise ValueError(
@@ -235,6 +237,7 @@ class BwrapSandbox:
                     env=env,
                     cwd="/",
                     pipe_owner=owner,
+                    halt=halt,
                 )
             except FileNotFoundError as exc:
                 raise SandboxUnavailable(f"cannot start bubblewrap: {exc}") from None
@@ -244,6 +247,8 @@ class BwrapSandbox:
         finally:
             for fd in list(open_fds):
                 close(fd)
+        if status.child_pid is None and result.limit == "halted":
+            return result  # killed before bwrap said its pid: --die-with-parent ends whatever it started
         if status.child_pid is None:
             message = result.stderr.strip() or f"bwrap exited with {result.exit_code}"
             if owner is not None:

@@ -2,7 +2,8 @@
 
 Shared by the bubblewrap sandbox and the sandbox Lambda function. The supervisor keeps the
 first ``max_output_bytes`` of each stream (and keeps reading, so a chatty run never blocks
-on a full pipe), kills the run's process group at the wall-clock timeout, and polls the
+on a full pipe), kills the run's process group at the wall-clock timeout, or as soon as the
+caller says the run's purpose is gone (``halt``: its task was stopped), and polls the
 filesystem the run writes to: over ``max_files`` inodes or ``max_disk_bytes`` and the run is
 killed. The poll is ``statvfs`` of that filesystem, one system call that walks nothing the
 code could have booby-trapped; the code can overshoot the limit by what it writes in one
@@ -104,6 +105,7 @@ def supervise(
     baseline: Usage | None = None,
     on_started: Callable[[subprocess.Popen[bytes]], None] | None = None,
     pipe_owner: tuple[int, int] | None = None,
+    halt: threading.Event | None = None,
     **popen: Any,
 ) -> ExecResult:
     """Run ``argv`` with ``code`` on its stdin and return its result.
@@ -114,6 +116,9 @@ def supervise(
     and gid the run is when that is not the worker's (``bwrap.outside_owner``), given its
     stdout and stderr pipes: ``> /dev/stdout`` reopens the pipe through ``/proc/self/fd``,
     which the kernel checks against the pipe's owner and mode (0600), as for any file.
+    ``halt``: set when what the run is for is over (its task no longer runs under the worker's
+    lease: stopped, cancelled, taken over, ``core.engine._session.LeaseState.lose``): the run's
+    process group is killed at the next poll (``POLL_SECONDS``), its result's ``limit`` "halted".
     """
     started = time.monotonic()
     outputs = _owned_pipes(pipe_owner) if pipe_owner is not None else None
@@ -151,6 +156,9 @@ def supervise(
             now = time.monotonic()
             if now >= deadline:
                 timed_out = True
+                break
+            if halt is not None and halt.is_set():
+                limit = "halted"
                 break
             path = usage_path()
             if path is not None:

@@ -29,6 +29,7 @@ import errno
 import json
 import math
 import os
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -125,9 +126,11 @@ class WorkspaceSandbox:
         *,
         egress: str | None = None,
         env: dict[str, str] | None = None,
+        halt: threading.Event | None = None,
     ) -> ExecResult:
         """``bash -c command`` in the workspace; ``egress``: the host path of the egress proxy's
-        socket when the task allows hosts (otherwise no network at all)."""
+        socket when the task allows hosts (otherwise no network at all); ``halt``: every process
+        of it is killed once set (its task stopped: ``supervise``)."""
         setup = Setup(
             mounts=self._mounts(directory, egress=egress),
             workdir=MOUNT,
@@ -139,12 +142,15 @@ class WorkspaceSandbox:
             env={"HOME": HOME, "PWD": MOUNT, **(env or {})},
         )
         request = ExecRequest(code=command, timeout_seconds=timeout, memory_mb=self.limits.shell_memory_mb)
-        return self._shell.run(request, setup)
+        return self._shell.run(request, setup, halt=halt)
 
-    def python(self, directory: Path, code: str, timeout: float, memory_mb: int) -> ExecResult:
-        """python_exec with the workspace as its working directory."""
+    def python(
+        self, directory: Path, code: str, timeout: float, memory_mb: int, *, halt: threading.Event | None = None
+    ) -> ExecResult:
+        """python_exec with the workspace as its working directory (``halt``: as ``shell``'s)."""
         setup = Setup(mounts=self._mounts(directory), workdir=MOUNT, config={"code_file": SCRATCH}, env={"HOME": HOME})
-        return self._python.run(ExecRequest(code=code, timeout_seconds=timeout, memory_mb=memory_mb), setup)
+        request = ExecRequest(code=code, timeout_seconds=timeout, memory_mb=memory_mb)
+        return self._python.run(request, setup, halt=halt)
 
     def file_op(self, directory: Path, op: str, *, writable: bool, timeout: float = 20.0, **args: Any) -> str:
         """One file tool's operation (``sandbox.fileops``); its refusal raises ``WorkspaceRefused``."""

@@ -42,10 +42,24 @@ class LeaseState:
     commit_sent_at: float | None = None  # a step commit is on the wire: it renews (or ends) the lease
     live_text: str | None = None  # a streamed call's text so far, which the heartbeat publishes
     seen: Seen | None = None  # what that call billed so far, as its stream said: published with it
+    why: LeaseLost | None = None  # what told this run its lease is gone (``lose``), if anything said
+
+    def lose(self, why: LeaseLost) -> None:
+        """Something other than the run learned that the task no longer runs under this lease (a
+        refused lease write or live text): ``lost`` is raised, which kills the task's running
+        sandbox (``TaskWorkspace.halt``, ``sandbox.supervise``), and the run's next ``check`` raises ``why`` as the store told it (a stop's mark, a status,
+        another epoch), so the run ends as that write would have ended it (``result.lease_lost``)."""
+        if self.why is None:
+            self.why = why
+        self.lost.set()
 
     def check(self) -> None:
-        """Raise ``LeaseLost`` if the heartbeat learned that another worker holds the task."""
+        """Raise ``LeaseLost`` if the heartbeat (``lose``) learned that the task is no longer this
+        run's: with the reason the store gave, when one did."""
         if self.lost.is_set():
+            why = self.why
+            if why is not None:
+                raise LeaseLost(why.message, **why.details)
             raise LeaseLost(f"lease epoch {self.lease.epoch} of task {self.lease.task_id} could not be extended")
 
 
@@ -183,9 +197,9 @@ class LeaseKeeper:
                 )
                 if self.on_beat is not None:
                     self.on_beat()
-            except LeaseLost:
+            except LeaseLost as exc:
                 log.warning("lease lost for task %s", self.held.lease.task_id)
-                self.held.lost.set()
+                self.held.lose(exc)
                 return
             except Exception:  # network blip: the next beat may succeed before expiry
                 log.exception("heartbeat failed for task %s", self.held.lease.task_id)

@@ -34,6 +34,7 @@ import logging
 import os
 import re
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -133,12 +134,17 @@ class TaskWorkspace:
     lookup: list[str] = field(default_factory=list)  # where content it did not store is (core.workspace.lookup_of)
     cache: ScanCache = field(default_factory=ScanCache)
     pending: Manifest | None = None  # checkpointed, its step not committed yet
+    # The run's ``LeaseState.lost``: set when the task no longer runs under this worker's lease
+    # (a stop's mark, a cancel, a takeover), and then the shell or python_exec running in the
+    # workspace is killed at once, not left to its own limit (up to MAX_SHELL_SECONDS).
+    halt: threading.Event | None = None
 
     def shell(self, command: str, timeout: float) -> ExecResult:
-        return self.sandbox.shell(self.directory, command, timeout, egress=self.egress.path if self.egress else None)
+        egress = self.egress.path if self.egress else None
+        return self.sandbox.shell(self.directory, command, timeout, egress=egress, halt=self.halt)
 
     def python(self, code: str, timeout: float, memory_mb: int) -> ExecResult:
-        return self.sandbox.python(self.directory, code, timeout, memory_mb)
+        return self.sandbox.python(self.directory, code, timeout, memory_mb, halt=self.halt)
 
     def file_op(self, op: str, *, writable: bool, **args: Any) -> str:
         return self.sandbox.file_op(self.directory, op, writable=writable, **args)
@@ -183,7 +189,7 @@ class Workspaces:
         if self._sandbox is None:
             self._sandbox = WorkspaceSandbox()
         directory = self._directory(s.task_id)
-        ws = TaskWorkspace(s.task_id, directory, EMPTY, set(), self._sandbox)
+        ws = TaskWorkspace(s.task_id, directory, EMPTY, set(), self._sandbox, halt=s.held.lost)
         ws.lookup = lookup_of(sub.workspace, s.task.tenant)
         s.workspace = ws  # from here on, close() removes the directory whatever happens
         if sub.workspace is not None and sub.workspace.allow_hosts and self.egress is not None:

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from agentq.core.tools._context import ToolContext, WorkspaceAccess
 from agentq.core.tools._core import ToolSpec, tool
-from agentq.sandbox.base import CodeSandbox, RefusingSandbox, SandboxUnavailable
+from agentq.sandbox.base import HALTED, CodeSandbox, RefusingSandbox, SandboxUnavailable
 
 Path = Annotated[
     str,
@@ -85,6 +85,8 @@ def shell_tool(sandbox: CodeSandbox | None = None) -> ToolSpec:
         status = f"exit code {result.exit_code}"
         if result.timed_out:
             status += f" (timed out after {timeout:.1f}s; every process of the command was killed)"
+        elif result.limit == "halted":
+            status += f" ({HALTED})"
         elif result.exit_code < 0:
             status += " (killed by a signal: a limit of the sandbox, most likely memory or file size)"
         return f"{status}\n--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
