@@ -8,17 +8,21 @@ nearest rank, after two warm-up calls):
 
 - ``no credential``: the fetch alone, the baseline;
 - ``same run``: ``${vault:github}`` in a header, the credential already opened by this
-  run (a task's later calls): one GetItem, its item read again (deleted or rebound since, it
-  would not be sent), nothing decrypted while it is unchanged;
-- ``new run, cached key``: a new run's first use: one GetItem, the data key from the
+  run (a task's later calls): one BatchGetItem, its item read again (deleted or rebound since,
+  it would not be sent) with the task's META (a task a stop marked, cancelled or taken over
+  gets none: ``Vault.get_running``), nothing decrypted while it is unchanged;
+- ``same run, no task read``: the same without the run's lease, as every use was before a
+  use read META too (ARCHITECTURE invariant 17): one GetItem, one item;
+- ``new run, cached key``: a new run's first use: one BatchGetItem, the data key from the
   worker's cache (``core.vault_crypto.EnvelopeCipher``, five minutes);
-- ``new run, cold KMS``: the same with the cache emptied: one GetItem and one
+- ``new run, cold KMS``: the same with the cache emptied: one BatchGetItem and one
   ``kms:Decrypt``.
 
 Calls and dollars per use are counted from the botocore calls each row made (the figures of a
-real AWS account differ only in latency). Prices: ``bench/_prices.py``, the one table (a
-DynamoDB read request unit: a strongly consistent read of an item under 4 KB is one; a KMS
-request).
+real AWS account differ only in latency), a GetItem one item, a BatchGetItem two (the
+credential's and META, each under 4 KB: META's size is printed). Prices: ``bench/_prices.py``,
+the one table (a DynamoDB read request unit: a strongly consistent read of an item under 4 KB
+is one; a KMS request).
 
 The marker scan: a credential holding a unique marker is used by a task on the moto-backed store
 (an echoing API sends it back), then every item of the table and object of the bucket is scanned
@@ -47,7 +51,7 @@ from _plot import Panel, add_plot_args, plot_from_args
 from _prices import as_json, quote, rate
 from _report import time_cases
 from agentq.control import vault as control_vault
-from agentq.core.engine import Engine
+from agentq.core.engine import Engine, LeaseState
 from agentq.core.engine._credentials import TaskCredentials
 from agentq.core.tools import ToolContext, ToolRegistry
 from agentq.core.tools.builtin import http_fetch_tool
@@ -56,6 +60,8 @@ from agentq.core.vault import CredentialWrite
 from agentq.core.vault_crypto import EnvelopeCipher, KmsDataKeys
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_store, session
+from agentq.storage.item_size import item_size
+from agentq.storage.keys import meta_key
 from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
 
 from tests.helpers import scripted
@@ -110,24 +116,31 @@ def main() -> None:
             result = registry.execute("http_fetch", {"url": echo.url("/"), "headers": headers}, ctx, ["http_fetch"])
             assert result.status == "ok", result.content
 
-        same_run = TaskCredentials(store.vault, cipher, "t", "ann")
+        # A run's credentials read its task's META with each use: a running task of ann's, claimed.
+        running = store.tasks.create(scripted([{"text": "x"}]).model_copy(update={"user": "ann"}), tenant="t")
+        claimed = store.tasks.claim(running.task_id, "bench", 3600)
+        assert claimed is not None
+        held = LeaseState(claimed[0])
+        meta_bytes = item_size(store.table.get(meta_key(running.task_id)) or {})
+        same_run = TaskCredentials(store.vault, cipher, "t", "ann", held)
+        unchecked = TaskCredentials(store.vault, cipher, "t", "ann")
 
         def cold() -> TaskCredentials:
             cipher.forget()  # every cached data key dropped: the next open asks KMS
-            return TaskCredentials(store.vault, cipher, "t", "ann")
+            return TaskCredentials(store.vault, cipher, "t", "ann", held)
 
         cases: dict[str, Callable[[], None]] = {
             "no credential": lambda: fetch(None),
             "same run": lambda: fetch(same_run),
-            "new run, cached key": lambda: fetch(TaskCredentials(store.vault, cipher, "t", "ann")),
+            "same run, no task read": lambda: fetch(unchecked),
+            "new run, cached key": lambda: fetch(TaskCredentials(store.vault, cipher, "t", "ann", held)),
             "new run, cold KMS": lambda: fetch(cold()),
         }
         rows: dict[str, dict[str, Any]] = {}
         for name, timing in time_cases(cases, args.runs, counter).items():
             per_use = timing.calls_per_run  # every thread's calls (the tool runs in a thread of its own)
-            usd = (
-                per_use.get("dynamodb:GetItem", 0) * DYNAMODB_READ_USD + per_use.get("kms:Decrypt", 0) * KMS_REQUEST_USD
-            )
+            read_units = per_use.get("dynamodb:GetItem", 0) + 2 * per_use.get("dynamodb:BatchGetItem", 0)
+            usd = read_units * DYNAMODB_READ_USD + per_use.get("kms:Decrypt", 0) * KMS_REQUEST_USD
             rows[name] = {"p50_ms": timing.p50_ms, "p99_ms": timing.p99_ms, "calls_per_use": per_use,
                           "usd_per_use": usd}  # fmt: skip
         counter.uninstall()
@@ -158,7 +171,8 @@ def main() -> None:
          Panel("bar", "cost per use", "micro-USD", labels, {"$": [rows[n]["usd_per_use"] * 1e6 for n in labels]})],
     )  # fmt: skip
     if args.json:
-        print(json.dumps({"runs": args.runs, "rows": rows, "marker_scan": scan, "prices": as_json(*PRICE_KEYS)}))
+        print(json.dumps({"runs": args.runs, "rows": rows, "marker_scan": scan, "meta_bytes": meta_bytes,
+                          "prices": as_json(*PRICE_KEYS)}))  # fmt: skip
         return
     print(
         f"{'call':<30} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'calls/use':<36} {'$/use':>10}   ({args.runs} runs)"
@@ -169,6 +183,7 @@ def main() -> None:
               f"{calls_text:<36} {row['usd_per_use']:>10.2e}")  # fmt: skip
     print(f"marker scan: {scan['hits']} hit(s) in {scan['items']} items and {scan['objects']} objects "
           f"(the credential was sent {scan['echoes_sent']} time(s))")  # fmt: skip
+    print(f"the task's META, read with each use: {meta_bytes} bytes (under 4 KB: one read unit)")
     print(f"prices: {quote(*PRICE_KEYS)}")
 
 

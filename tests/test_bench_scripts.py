@@ -165,10 +165,13 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         assert row["succeeded"] == 4 and row["dlq_messages"] == 0 and row["calls_while_down"] > 0
     elif name == "vault_cost":
         rows = result["rows"]
-        assert rows["new run, cold KMS"]["calls_per_use"] == {"dynamodb:GetItem": 1, "kms:Decrypt": 1}
-        assert rows["new run, cached key"]["calls_per_use"] == {"dynamodb:GetItem": 1}
-        # each use reads the item again (a credential deleted or rebound mid-run is not sent), opens nothing
-        assert rows["same run"]["calls_per_use"] == {"dynamodb:GetItem": 1} and result["marker_scan"]["hits"] == 0
+        assert rows["new run, cold KMS"]["calls_per_use"] == {"dynamodb:BatchGetItem": 1, "kms:Decrypt": 1}
+        assert rows["new run, cached key"]["calls_per_use"] == {"dynamodb:BatchGetItem": 1}
+        # each use reads the item again (a credential deleted or rebound mid-run is not sent), with the
+        # task's META (a stopped task's is not sent either), in one round trip as before; opens nothing
+        assert rows["same run"]["calls_per_use"] == {"dynamodb:BatchGetItem": 1} and result["marker_scan"]["hits"] == 0
+        assert rows["same run, no task read"]["calls_per_use"] == {"dynamodb:GetItem": 1}
+        assert result["meta_bytes"] < 4096
     elif name == "a2a_delegation":
         rows = result["rows"]
         assert list(rows) == ["send", "look 1", "answer"] and result["messages_received"] == 1

@@ -60,10 +60,10 @@ def _unsettled(batch_id: str) -> ConditionBase:
 
 def why_fenced(table: Table, lease: Lease) -> LeaseLost:
     """Explain a write the fence refused: the epoch moved on, the task stopped, or the step moved."""
-    return _refused(lease, _read_meta(table, lease.task_id))
+    return refused(lease, _read_meta(table, lease.task_id))
 
 
-def _refused(lease: Lease, current: Item | None) -> LeaseLost:
+def refused(lease: Lease, current: Item | None) -> LeaseLost:
     """Which part of the fence ``current`` (META as read, or as a refused write found it) fails,
     in the order a worker must act on: gone, taken over, ended, being stopped; else the step moved."""
     if current is None:  # purged: the writer takes back what it wrote outside the fence (``Steps``)
@@ -437,7 +437,7 @@ class TaskLeases(TaskItems):
         except ConditionFailed as exc:
             if lease is None or fence_holds(exc.old, lease):
                 return False
-            raise _refused(lease, exc.old) from exc
+            raise refused(lease, exc.old) from exc
         return True
 
     def start_workspace(self, lease: Lease, ref: WorkspaceRef) -> None:
@@ -456,7 +456,7 @@ class TaskLeases(TaskItems):
             self.table.update(keys.meta_key(lease.task_id), update, condition=condition)
         except ConditionFailed as exc:
             if exc.old is None or not fence_holds(exc.old, lease):
-                raise _refused(lease, exc.old) from exc
+                raise refused(lease, exc.old) from exc
             why = "a start is already recorded" if "workspace_start" in exc.old else f"it is at step {exc.old['step']}"
             raise WorkspaceStartRefused(
                 f"task {lease.task_id}: workspace.git: a clone is recorded only as step 0's files; {why}"
@@ -476,7 +476,7 @@ class TaskLeases(TaskItems):
         except ConditionFailed as exc:
             old = exc.old
             if old is not None and not fence_holds(old, lease):
-                raise _refused(lease, old) from exc
+                raise refused(lease, old) from exc
             raise LeaseLost(f"lease epoch {lease.epoch} of task {lease.task_id} is no longer current") from exc
 
     def claims(self, task_id: str) -> list[ClaimRecord]:

@@ -13,9 +13,11 @@ import contextlib
 import time
 from decimal import Decimal
 
+from agentq.core.models import Lease
 from agentq.core.vault import CredentialInfo, Sealed, StoredCredential
 from agentq.storage import keys
-from agentq.storage.table import ConditionFailed, Item, Table, plain
+from agentq.storage.leases import refused
+from agentq.storage.table import ConditionFailed, Item, Table, fence_holds, plain
 
 CREDENTIAL = "CRED#"
 WAITER = "WAIT#"
@@ -30,6 +32,15 @@ def _info(d: Item) -> CredentialInfo:
         name=d["name"], user=d.get("user") or None, kind=d["kind"], hosts=list(d["hosts"]), header=d.get("header"),
         created_at=float(d["created_at"]), updated_at=float(d["updated_at"]),
     )  # fmt: skip
+
+
+def _stored(raw: Item) -> StoredCredential:
+    d = plain(raw)
+    sealed = Sealed(
+        ciphertext=base64.b64decode(d["ciphertext"]), nonce=base64.b64decode(d["nonce"]),
+        wrapped_key=base64.b64decode(d["wrapped_key"]), key_id=str(d["key_id"]),
+    )  # fmt: skip
+    return StoredCredential(_info(d), sealed)
 
 
 class Vault:
@@ -63,14 +74,22 @@ class Vault:
 
     def get(self, tenant: str, user: str | None, name: str) -> StoredCredential | None:
         raw = self.table.get(self._key(tenant, user, name))
-        if raw is None:
-            return None
-        d = plain(raw)
-        sealed = Sealed(
-            ciphertext=base64.b64decode(d["ciphertext"]), nonce=base64.b64decode(d["nonce"]),
-            wrapped_key=base64.b64decode(d["wrapped_key"]), key_id=str(d["key_id"]),
-        )  # fmt: skip
-        return StoredCredential(_info(d), sealed)
+        return _stored(raw) if raw is not None else None
+
+    def get_running(self, tenant: str, user: str | None, name: str, lease: Lease) -> StoredCredential | None:
+        """The credential (as ``get``) only while ``lease``'s task runs under it: its META is read
+        in the same BatchGetItem, strongly consistent as every read here, and one that fails the
+        lease fence (``table.fence_holds``: another epoch, a status but ``running``, a stop's
+        mark) raises ``LeaseLost`` naming why (``leases.refused``), the credential's item
+        dropped unread by the caller. One round trip as ``get``'s GetItem, one item more (META):
+        each use of a credential by a run is also its check that a stop has not come."""
+        wanted, meta_key = self._key(tenant, user, name), keys.meta_key(lease.task_id)
+        found = {(i["pk"], i["sk"]): i for i in self.table.batch_get([wanted, meta_key])}
+        meta = found.get((meta_key["pk"], meta_key["sk"]))
+        if not fence_holds(meta, lease):
+            raise refused(lease, meta)
+        raw = found.get((wanted["pk"], wanted["sk"]))
+        return _stored(raw) if raw is not None else None
 
     def listing(self, tenant: str, user: str | None) -> list[CredentialInfo]:
         """Names, kinds, hosts and dates of the tenant's (``user`` None) or one user's credentials."""

@@ -9,6 +9,13 @@ while the run goes on is unavailable to its next call, one rebound is sent only 
 now, one written again is opened again; an unchanged one is not (at most one KMS call per
 credential per run, and the cipher caches data keys across runs). A run is hours long, and a
 user who revokes a token means its next request, not the run's end.
+
+A use is also a check that the task still runs under the run's lease (``held``): the first item
+is read with the task's META in one BatchGetItem (``VaultBook.get_running``; the same round trips
+as without it, one item more), and a task a stop marked, cancelled, or another worker took gets
+no credential: ``LeaseLost`` naming why, nothing opened, and the run is told (``LeaseState.lose``),
+which kills its sandbox. So once a stop has returned, no request of the stopped task's carries a
+credential, whatever its shell still tries (ARCHITECTURE invariant 17).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import json
 import threading
 import weakref
 
+from agentq.core.engine._session import LeaseState
+from agentq.core.errors import LeaseLost
 from agentq.core.ports import VaultBook
 from agentq.core.vault import (
     Cipher,
@@ -36,8 +45,13 @@ from agentq.observe.redaction import REDACTOR, run_hold
 class TaskCredentials:
     """``core.vault.CredentialSource`` for one run of one task."""
 
-    def __init__(self, vault: VaultBook, cipher: Cipher | None, tenant: str, user: str | None) -> None:
+    def __init__(
+        self, vault: VaultBook, cipher: Cipher | None, tenant: str, user: str | None, held: LeaseState | None = None
+    ) -> None:
+        """``held``: the run's lease (``credentials_for`` gives it); each use then reads the task's
+        META with the credential, and a task no longer running under it gets none (see the module)."""
         self.vault, self.cipher, self.tenant, self.user = vault, cipher, tenant, user
+        self.held = held
         # each credential opened, with the owner and item it was opened from
         self._opened: dict[str, tuple[tuple[str | None, StoredCredential], Credential]] = {}
         self._infos: list[CredentialInfo] | None = None
@@ -61,8 +75,8 @@ class TaskCredentials:
         if not valid_name(name):
             raise unavailable(name, self.user, host)
         owner = self.user
-        stored = self.vault.get(self.tenant, owner, name) if owner is not None else None
-        if stored is None:
+        stored = self._first(owner, name)
+        if stored is None and owner is not None:
             owner = None
             stored = self.vault.get(self.tenant, None, name)
         if stored is None or self.cipher is None:
@@ -89,6 +103,21 @@ class TaskCredentials:
         with self._lock:
             self._opened[name] = ((owner, stored), credential)
         return credential
+
+    def _first(self, owner: str | None, name: str) -> StoredCredential | None:
+        """The first item a use reads (the user's, else the tenant's), with the task's META when
+        the run's lease is known: a run that knows already its task is no longer its own reads
+        nothing, one that learns it here is told (``LeaseState.lose``: its sandbox is killed, its
+        next check ends it as the store said) and gets ``LeaseLost``, nothing opened."""
+        held = self.held
+        if held is None:
+            return self.vault.get(self.tenant, owner, name)
+        held.check()
+        try:
+            return self.vault.get_running(self.tenant, owner, name, held.lease)
+        except LeaseLost as exc:
+            held.lose(exc)
+            raise
 
     @property
     def opened(self) -> bool:

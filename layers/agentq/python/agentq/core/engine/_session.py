@@ -45,17 +45,19 @@ class LeaseState:
     why: LeaseLost | None = None  # what told this run its lease is gone (``lose``), if anything said
 
     def lose(self, why: LeaseLost) -> None:
-        """Something other than the run learned that the task no longer runs under this lease (a
-        refused lease write or live text): ``lost`` is raised, which kills the task's running
-        sandbox (``TaskWorkspace.halt``, ``sandbox.supervise``), and the run's next ``check`` raises ``why`` as the store told it (a stop's mark, a status,
-        another epoch), so the run ends as that write would have ended it (``result.lease_lost``)."""
+        """Something other than the run learned that the task no longer runs under this lease
+        (a refused lease write or live text, a read of META with a credential): ``lost`` is
+        raised, which kills the task's running sandbox (``TaskWorkspace.halt``,
+        ``sandbox.supervise``), and the run's next ``check`` raises ``why`` as the store told it
+        (a stop's mark, a status, another epoch), so the run ends as that write would have ended
+        it (``result.lease_lost``)."""
         if self.why is None:
             self.why = why
         self.lost.set()
 
     def check(self) -> None:
-        """Raise ``LeaseLost`` if the heartbeat (``lose``) learned that the task is no longer this
-        run's: with the reason the store gave, when one did."""
+        """Raise ``LeaseLost`` if the heartbeat or a read (``lose``) learned that the task is no
+        longer this run's: with the reason the store gave, when one did."""
         if self.lost.is_set():
             why = self.why
             if why is not None:

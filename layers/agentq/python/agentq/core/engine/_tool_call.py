@@ -68,7 +68,7 @@ class ToolCaller:
         if self.vault is None:
             return None
         if s.credentials is None:
-            s.credentials = TaskCredentials(self.vault, self.cipher, s.task.tenant, s.task.user)
+            s.credentials = TaskCredentials(self.vault, self.cipher, s.task.tenant, s.task.user, s.held)
         credentials: TaskCredentials = s.credentials
         return credentials
 

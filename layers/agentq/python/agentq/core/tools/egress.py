@@ -47,15 +47,18 @@ stays replay-safe, and one that did is never run again after a crash.
 Credentials (``core.vault``): given the task's ``CredentialSource``, a plain http request to a
 host one of the user's credentials is bound to gets that credential's header, added here (any
 header of the same name the process sent is dropped): the process never holds the value, and the
-credential goes nowhere but its hosts. A credential whose header is one that frames or routes a
-request (``core.vault.RESERVED_HEADERS``: refused when it is written; one stored before) is not
-added after the checks above undid the process's: the request is answered ``502`` naming it,
-and nothing is sent. The answer to a request the proxy added a credential to is not passed on
-as it comes: a server may echo the header (a debugging endpoint, an error page quoting the
-request), and the process, model-written code, could reverse or re-encode the value before it
-prints it, past any redactor of what it writes. The proxy asks for ``Accept-Encoding: identity``
-(the process's ``Accept-Encoding``, ``TE``, ``Range``, ``If-Range`` and ``Accept-Charset``
-dropped), reads the whole answer as its head frames it, and hands it back with every spelling of
+credential goes nowhere but its hosts. It is read before the proxy contacts the host, with the
+task's META (``core.engine._credentials``): a task no longer running under the worker's lease (a
+stop's mark, cancelled, taken over) is answered ``403`` naming why, no credential added and
+nothing sent, and its run is told, which kills the shell (ARCHITECTURE invariant 17). A
+credential whose header is one that frames or routes a request (``core.vault.RESERVED_HEADERS``:
+refused when it is written; one stored before) is not added after the checks above undid the
+process's: the request is answered ``502`` naming it, and nothing is sent. The answer to a
+request the proxy added a credential to is not passed on as it comes: a server may echo the
+header (a debugging endpoint, an error page quoting the request), and the process, model-written
+code, could reverse or re-encode the value before it prints it, past any redactor of what it
+writes. The proxy asks for ``Accept-Encoding: identity`` (the process's ``Accept-Encoding``,
+``TE``, ``Range``, ``If-Range`` and ``Accept-Charset`` dropped), reads the whole answer as its head frames it, and hands it back with every spelling of
 the value it added redacted from its status line, headers and body, framed by a ``Content-Length``
 of its own (``core.tools.egress_answer``); one it cannot redact (in a content coding, over
 ``MAX_ANSWER``, a ``206``, broken or cut short) is a ``502`` naming why, and none of its body
@@ -82,7 +85,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 
-from agentq.core.errors import AgentqError
+from agentq.core.errors import AgentqError, LeaseLost
 from agentq.core.pids import left_by_gone
 from agentq.core.tools.egress_answer import ASK_IDENTITY, TRANSFORMING_HEADERS, Answer, AnswerRefused
 from agentq.core.tools.egress_pipe import pipe
@@ -298,8 +301,12 @@ class EgressProxy:
             authority += f":{port}" if port != 80 else ""
             body: Body | None = None  # a tunnel's bytes pass as they are
             fields: list[bytes] = []
+            credential: Credential | None = None
             if method.upper() != "CONNECT":  # checked before any contact
                 fields, body = framing(header_fields(headers), version)
+                if self.credentials is not None:  # read (and refused: a task stopped) before any contact
+                    self._allowed(host, port)
+                    credential = self.credentials.for_host(host, port)
             upstream = self._connect(host, port)
             self._track(upstream)
             if body is None:  # CONNECT: never carries a credential, so none is read (its name is the listing's)
@@ -315,7 +322,6 @@ class EgressProxy:
             else:
                 dropped = set(DROPPED_HEADERS)
                 added: list[bytes] = []
-                credential = self.credentials.for_host(host, port) if self.credentials is not None else None
                 if credential is not None:
                     line = _header_line(credential)
                     dropped |= {line.partition(b":")[0].lower(), *TRANSFORMING_HEADERS}
@@ -348,6 +354,10 @@ class EgressProxy:
         except FetchRefused as exc:
             self.refused.append(str(exc))
             _answer(conn, 403, f"agentq egress refused: {exc}")
+        except LeaseLost as exc:  # the task was stopped, cancelled or taken over: its run is over
+            reason = f"{exc.message}: no credential added to the request to {host}:{port}, nothing sent"
+            self.refused.append(reason)
+            _answer(conn, 403, f"agentq egress refused: {reason}")
         except AnswerRefused as exc:
             assert answer is not None
             reason = answer.values.redact(f"the answer from {host}:{port} not passed on: {exc}")
@@ -369,10 +379,13 @@ class EgressProxy:
                         sock.close()
             self._slots.release()
 
-    def _connect(self, host: str, port: int) -> socket.socket:
+    def _allowed(self, host: str, port: int) -> None:
         if not any(allows(rule, host, port) for rule in self.rules):
             allowed = ", ".join(r.host + (f":{r.port}" if r.port else " (ports 80, 443)") for r in self.rules)
             raise FetchRefused(f"{host}:{port} is not among the hosts this task may reach ({allowed})")
+
+    def _connect(self, host: str, port: int) -> socket.socket:
+        self._allowed(host, port)
         deadline = Deadline(CONNECT_SECONDS)
         try:
             addresses = resolve(Target(f"//{host}:{port}", "https", host, port, "/"), self.policy, deadline)
