@@ -71,3 +71,8 @@ def test_a_credential_read_for_a_run_comes_only_while_its_task_runs_under_its_le
     )
     assert refusals[cancelled.task_id][1] == {"status": TaskStatus.CANCELLED}
     assert "superseded by" in refusals[taken.task_id][0]
+    # The heartbeat's look at many tasks at once (``fenced_out``) finds the same, and only those.
+    running = claimed(backend)
+    fenced = backend.tasks.fenced_out([marked, cancelled, taken, running])
+    assert sorted(fenced) == sorted([marked.task_id, cancelled.task_id, taken.task_id])
+    assert {k: (v.message, v.details) for k, v in fenced.items()} == refusals

@@ -24,6 +24,11 @@ class WorkerConfig:
     # A claimed task's own lease, a backstop under the worker's liveness: renewed (a write)
     # only when half of it is left, so a task that waits on a model call costs no write.
     task_lease_seconds: float = 600.0
+    # While a held task's shell may reach the network (``LeaseState.reaching_since``), its META is
+    # read this often (one BatchGetItem a round for up to 100 such tasks, no write), so a stop's
+    # mark (or a cancel, a takeover) kills that shell within this and a round, not when the lease
+    # write above next comes due (up to half of ``task_lease_seconds``, against a shell's 600 s).
+    stop_look_seconds: float = 2.0
     # A claimed task's message stays invisible this long, extended in batches of 10 when half
     # is left; a dead worker's are made visible again at once by whoever notices.
     held_visibility_seconds: int = 600

@@ -9,6 +9,9 @@ the task's own lease when that backstop comes within half of its length of expir
 silent for minutes: a long tool call), the live text of a streamed call when it changed, and
 its message's visibility, long (``held_visibility_seconds``) once claimed and extended in
 batches of 10 when half of it is left. A task that merely waits on a model call costs nothing.
+A task whose shell may reach the network (its egress proxy armed) has its META read every
+``stop_look_seconds`` instead (one BatchGetItem for up to 100 such tasks, ``_look``): a stop's
+mark found there kills that shell then, not when its lease write next comes due.
 
 A worker that learns its liveness lapsed (a renewal refused: it was paused, or partitioned,
 past its liveness and a peer declared it dead) starts a new epoch and reads the META of every
@@ -56,6 +59,7 @@ class _Held:
     visibility_ok: bool = True
     visible_at: float = 0.0  # monotonic: when the message would be visible again
     published: tuple[str | None, Seen | None] = (None, None)  # the live text and seen usage last on META
+    looked_at: float = 0.0  # monotonic: when the heartbeat last read its task's META for a stop (``_look``)
     ran: list[LeaseState] = field(default_factory=list)  # the runs claimed through it, disowned when it is let go
 
 
@@ -75,7 +79,8 @@ class HeartbeatHub:
         self.worker_id = worker_id
         self.rate = LeaseWriteRate(config.beat_threads)
         # rounds, overruns, extended, refused, liveness_renewed, liveness_lapsed, visibility_calls,
-        # live_text, peers_read (Queries), peer_items_read, recovered, lost_found
+        # live_text, peers_read (Queries), peer_items_read, recovered, lost_found, looked (tasks whose
+        # META a look read), looked_lost (of those, no longer running under their lease: stopped)
         self.counts: Counter[str] = Counter()
         self.held_max = 0
         # Per-task writes a held task needed per round (EWMA), which admission divides by:
@@ -285,6 +290,8 @@ class HeartbeatHub:
             ]
         jobs += [self._pool.submit(self._extend_lease, entry) for entry in leased]
         jobs += [self._pool.submit(self._publish, entry) for entry in texts]
+        looks = [(h, s) for h, s in live if self._look_due(h, s, clock)]
+        jobs += [self._pool.submit(self._look, looks[i : i + 100]) for i in range(0, len(looks), 100)]
         if live:
             floor = self.config.heartbeat_seconds / (self.config.task_lease_seconds / 2)
             sample = max(floor, (len(leased) + len(texts)) / len(live))
@@ -300,6 +307,33 @@ class HeartbeatHub:
         of it is left (a step commit renews it too, in its own write)."""
         written = max(state.lease.expires_at - self.config.task_lease_seconds, state.commit_sent_at or 0.0)
         return now - written >= self.config.task_lease_seconds / 2
+
+    def _look_due(self, h: _Held, state: LeaseState, clock: float) -> bool:
+        """A task whose shell may reach the network (``LeaseState.reaching_since``) is looked at
+        every ``stop_look_seconds`` from the call's start: nothing else but a write would tell
+        this worker of a stop while it runs, and its lease write may be minutes away."""
+        since = state.reaching_since
+        return since is not None and clock - max(since, h.looked_at) >= self.config.stop_look_seconds
+
+    def _look(self, entries: list[tuple[_Held, LeaseState]]) -> None:
+        """Read the METAs of ``entries``' tasks (one BatchGetItem): a task that no longer runs
+        under its lease (a stop's mark, a cancel, a takeover) is lost (``LeaseState.lose``), which
+        kills its sandbox at once and ends its run as the store's reason says."""
+        clock = time.monotonic()
+        for h, _ in entries:
+            h.looked_at = clock
+        try:
+            fenced = self.store.tasks.fenced_out([s.lease for _, s in entries])
+        except Exception:
+            log.exception("could not look at the tasks whose shells reach the network")
+            return
+        self._count("looked", len(entries))
+        for h, state in entries:
+            why = fenced.get(state.lease.task_id)
+            if why is not None and h.lease_state is state:  # not a run that ended meanwhile
+                state.lose(why)
+                self._count("looked_lost")
+                log.info("task %s no longer runs here: %s", state.lease.task_id, why.message)
 
     def _visibility_due(self, h: _Held, state: LeaseState | None, clock: float) -> bool:
         """A message not yet claimed is kept invisible a short while at a time (its task may

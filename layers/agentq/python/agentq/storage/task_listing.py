@@ -5,16 +5,18 @@ one tenant's unfinished ones (the sparse ``tenant_live`` index, which a stop rea
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr, ConditionBase
 
-from agentq.core.models import Task, TaskStatus
+from agentq.core.errors import LeaseLost
+from agentq.core.models import Lease, Task, TaskStatus
 from agentq.core.status import SWEPT_AT
 from agentq.resources import GSI1, GSI_LIVE, GSI_TENANT_LIVE, GSI_USER, LIVE_ATTRIBUTES, LIVE_SHARDS
 from agentq.storage import keys
-from agentq.storage.table import ConditionFailed, Item, Update, plain, present, status_in
+from agentq.storage.leases import refused
+from agentq.storage.table import ConditionFailed, Item, Update, fence_holds, plain, present, status_in
 from agentq.storage.task_items import TaskItems
 
 # The Limit of a Query of ``tenant_live``: above what DynamoDB's 1 MB page holds of the
@@ -124,6 +126,19 @@ class TaskListing(TaskItems):
     def metas(self, task_ids: list[str]) -> list[dict[str, Any]]:
         """The META attributes of many tasks (BatchGetItem, no submissions), as plain values."""
         return [plain(i) for i in self.table.batch_get([keys.meta_key(t) for t in task_ids])]
+
+    def fenced_out(self, leases: Sequence[Lease]) -> dict[str, LeaseLost]:
+        """Those of ``leases`` whose task no longer runs under them (``table.fence_holds``: a
+        stop's mark, a status but ``running``, another epoch, gone), each with the ``LeaseLost``
+        a fenced write would have raised (``leases.refused``): what a worker's heartbeat looks
+        for while a task's shell may reach the network (``queueing.heartbeat``), without a write.
+        Their METAs in one strongly consistent BatchGetItem a 100 tasks."""
+        found = {str(i["task_id"]): i for i in self.table.batch_get([keys.meta_key(le.task_id) for le in leases])}
+        return {
+            le.task_id: refused(le, found.get(le.task_id))
+            for le in leases
+            if not fence_holds(found.get(le.task_id), le)
+        }
 
     def unlist(self, task_id: str) -> None:
         """Take an ended task out of the ``live`` index (one whose end did not, e.g. written

@@ -42,15 +42,19 @@ class LeaseState:
     commit_sent_at: float | None = None  # a step commit is on the wire: it renews (or ends) the lease
     live_text: str | None = None  # a streamed call's text so far, which the heartbeat publishes
     seen: Seen | None = None  # what that call billed so far, as its stream said: published with it
+    # Since when (monotonic) a call that may reach the network through the egress proxy runs (a
+    # shell of a task that allows hosts): the heartbeat looks at its task's META meanwhile
+    # (``queueing.heartbeat``, ``stop_look_seconds``), so a stop ends it without waiting for a write.
+    reaching_since: float | None = None
     why: LeaseLost | None = None  # what told this run its lease is gone (``lose``), if anything said
 
     def lose(self, why: LeaseLost) -> None:
         """Something other than the run learned that the task no longer runs under this lease
-        (a refused lease write or live text, a read of META with a credential): ``lost`` is
-        raised, which kills the task's running sandbox (``TaskWorkspace.halt``,
-        ``sandbox.supervise``), and the run's next ``check`` raises ``why`` as the store told it
-        (a stop's mark, a status, another epoch), so the run ends as that write would have ended
-        it (``result.lease_lost``)."""
+        (a refused lease write or live text, a read of META with a credential or by the
+        heartbeat's look): ``lost`` is raised, which kills the task's running sandbox
+        (``TaskWorkspace.halt``, ``sandbox.supervise``), and the run's next ``check`` raises
+        ``why`` as the store told it (a stop's mark, a status, another epoch), so the run ends as
+        that write would have ended it (``result.lease_lost``)."""
         if self.why is None:
             self.why = why
         self.lost.set()

@@ -220,7 +220,10 @@ class NetworkedCall(SideEffect):
     again. Else it runs with the egress proxy armed (``ContactMark``): its first contact with a
     host begins its effect record (fenced, then the ``after_effect_begin`` crash point) before
     the connection opens, and a call that made one is finished like any side effect. A call that
-    made none wrote no record: after a crash it runs again on the restored workspace."""
+    made none wrote no record: after a crash it runs again on the restored workspace. While it
+    runs, the heartbeat looks at the task's META (``LeaseState.reaching_since``): a stop's mark
+    found there kills its sandbox (``TaskWorkspace.halt``), as does a credentialed request the
+    proxy refused for it."""
 
     after_create = None  # the record is begun at the first contact, in the proxy
 
@@ -238,9 +241,13 @@ class NetworkedCall(SideEffect):
         pending = self.pending
         if record is not None:
             return prior_effect(pending.use, record, pending.started, WORKSPACE_NOTE)
-        egress = _egress(pending.s)
-        with egress.armed(ContactMark(self._begin)) as mark:
-            outcome = self.caller.execute(pending, self.key)
+        egress, held = _egress(pending.s), pending.s.held
+        held.reaching_since = time.monotonic()  # the heartbeat looks for a stop meanwhile
+        try:
+            with egress.armed(ContactMark(self._begin)) as mark:
+                outcome = self.caller.execute(pending, self.key)
+        finally:
+            held.reaching_since = None
         if not mark.fired:
             return outcome
         outcome = outcome.model_copy(update={"side_effects": True})
