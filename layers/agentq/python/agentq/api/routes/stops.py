@@ -31,7 +31,9 @@ def router(deps: ApiDeps) -> Router:
         description="Stores the stop, then cancels every running and queued task of the scope (one of `user`, "
         "`agent`, `key`, `tenant`), sub-agents included. Until `POST /stops/resume`, a submission, a follow-up "
         "message or a schedule's fire in the scope is 423 `scope_stopped` naming it, and a worker cancels a task of "
-        "it instead of running it. Stopping a stopped scope keeps its stop and sweeps again (`created: false`).",
+        "it instead of running it. Once it returns, no request of the scope's tasks carries a vault credential (a "
+        "workspace's is refused 403 naming the stop) and a workspace shell of theirs that may reach the network is "
+        "killed within seconds. Stopping a stopped scope keeps its stop and sweeps again (`created: false`).",
         operation_id="stopScope",
         tags=["control"],
         responses=responses(200, StopResult, 400, 403, 404, 413, 415, 422),
