@@ -72,7 +72,8 @@ def build_sweeper(
 ) -> lambda_.Function:
     """The sweeper on a schedule: it lists unfinished tasks from the sparse ``live`` index,
     reads their META, re-enqueues the stranded ones, moves on a blocked one past a dependency's
-    end no walk reported, and takes ended ones out of the index."""
+    end no walk reported, gives back the running slots a parked one still names, and takes
+    ended ones out of the index."""
     names, sc = cfg.names, cfg.sweeper
     sweeper = function(
         "sweeper",
@@ -108,6 +109,17 @@ def build_sweeper(
         iam.PolicyStatement(
             sid="WaitingLists",
             actions=["dynamodb:Query", "dynamodb:GetItem", "dynamodb:DeleteItem"],
+            resources=[table],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": SLOT_PARTITIONS}},
+        ),
+        # A parked task still naming running slots (its worker died before the release, and no
+        # message of its own came): they are given back (queueing.sweeper, FairShare.release):
+        # the slot items' counts updated (its META's by ReadTasks, a key's HOLD# item deleted by
+        # WaitingLists), and a key's or the fleet's freed slot handed off to its waiter (its
+        # admission: the counts again, and a key's HOLD# item put). Only the slot partitions.
+        iam.PolicyStatement(
+            sid="GiveBackSlots",
+            actions=["dynamodb:UpdateItem", "dynamodb:PutItem"],
             resources=[table],
             conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": SLOT_PARTITIONS}},
         ),

@@ -1678,6 +1678,10 @@ def test_the_sweeper_runs_on_a_schedule_with_only_the_indexes_the_tasks_the_work
     assert set(_as_list(statements["WaitingLists"]["Action"])) == {
         "dynamodb:Query", "dynamodb:GetItem", "dynamodb:DeleteItem",
     }  # fmt: skip
+    # A parked task's slots its dead worker never gave back (queueing.sweeper): the slot items'
+    # counts, and a key's HOLD# item when a freed slot is handed off; in the slot partitions only.
+    assert set(_as_list(statements["GiveBackSlots"]["Action"])) == {"dynamodb:UpdateItem", "dynamodb:PutItem"}
+    assert statements["GiveBackSlots"]["Condition"] == waiting
     if cfg.budget_defaults.tenant_max_running:  # a raised default wakes the waiters it has room for
         assert env["AGENTQ_DEFAULT_TENANT_MAX_RUNNING"] == str(cfg.budget_defaults.tenant_max_running)
     if cfg.budget_defaults.fleet_capacity:  # a raised capacity wakes the fleet's waiters, by weight

@@ -31,11 +31,13 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
                    fleet_capacity=defaults.fleet_capacity, tier_limits=defaults.tier_limits())  # fmt: skip
     observe.flush()
     logger.info("swept", extra={"listed": report.listed, "swept": report.swept, "unlisted": report.unlisted,
-                                "woken": report.woken, "released": report.released})  # fmt: skip
+                                "woken": report.woken, "released": report.released,
+                                "given_back": report.given_back})  # fmt: skip
     return {
         "listed": report.listed,
         "swept": len(report.swept),
         "unlisted": report.unlisted,
         "woken": len(report.woken),
         "released": len(report.released),
+        "given_back": len(report.given_back),
     }

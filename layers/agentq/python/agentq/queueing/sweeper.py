@@ -55,6 +55,16 @@ succeeded, cancelled ``dependency_failed`` down the chain when one did not); one
 dependencies all still run is left to wait, read again each sweep (two BatchGetItems a hundred
 blocked tasks). Each one moved is counted with the swept (``released``).
 
+A task parked ``waiting``, ``paused`` or ``idle`` holds no running slot (its worker gives them
+back after the run that parked it), and one whose worker died between the park and that release
+has them given back by its message's next delivery (``dispatch._gate.release_parked``). When no
+delivery comes (its message lost as above), nothing else would: a parent holds its children's
+slot until woken, an idle conversation maybe forever. So a parked task whose META still names
+slots ``stale_after`` after its last write has them given back here (``FairShare.release``: the
+same idempotent release, conditional on the task being neither queued nor running, which wakes
+the waiters the slots have room for; ``given_back``). Found in the METAs the pass reads anyway:
+no call is added but the release's own.
+
 A task a worker process holds under its liveness (``storage.workers``) has a long lease and an
 invisible message; the live workers hand on a dead peer's tasks within seconds
 (``queueing.recovery``). When none is left to notice (the whole fleet died), each sweep first
@@ -72,6 +82,7 @@ from agentq import observe
 from agentq.core.models import Task
 from agentq.core.status import LOOK_DUE, SILENT_UNTIL, SWEPT_AT, TaskStatus
 from agentq.queueing.endings import resolve
+from agentq.queueing.fairness import FairShare
 from agentq.queueing.queues import MessageKind, TaskQueues
 from agentq.queueing.recovery import recover_lapsed
 from agentq.queueing.task_reads import read_tasks
@@ -88,6 +99,7 @@ DEFAULT_STALE_AFTER_SECONDS = 900 + 60
 BATCH = 100  # BatchGetItem's limit
 STRANDABLE = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
 ENDED = frozenset(s.value for s in TaskStatus if s.terminal)
+PARKED = frozenset({TaskStatus.WAITING.value, TaskStatus.PAUSED.value, TaskStatus.IDLE.value})  # hold no slot
 
 
 @dataclass
@@ -100,6 +112,7 @@ class SweepReport:
     parked: int = 0  # silent but waiting for a slot: left alone
     woken: list[str] = field(default_factory=list)  # waiters sent because their tenant has room
     released: list[str] = field(default_factory=list)  # blocked past a dependency's end: moved on
+    given_back: list[str] = field(default_factory=list)  # parked still naming slots: given back
 
 
 def sweep(
@@ -125,9 +138,12 @@ def sweep(
     lost_looks: dict[str, float] = {}  # task -> the overdue look's due, as listed
     waiting_tenants: set[str] = set()  # tenants with a queued task holding no slot (may be parked)
     blocked: list[str] = []  # blocked and quiet for stale_after: its dependencies are looked at
+    holding: list[str] = []  # parked, quiet for stale_after, and still naming slots
     for start in range(0, len(ids), BATCH):
         for meta in store.tasks.metas(ids[start : start + BATCH]):
             status, due = str(meta.get("status")), meta.get(LOOK_DUE)
+            if status in PARKED and meta.get("slots") and now - float(meta.get("updated_at") or 0) >= stale_after:
+                holding.append(str(meta["task_id"]))
             if status == TaskStatus.WAITING.value and due is not None and now - float(due) >= stale_after:
                 lost_looks[str(meta["task_id"])] = float(due)
                 continue
@@ -194,7 +210,10 @@ def sweep(
         log.warning("task %s waiting on %s: its look was due over %.0fs ago and never came; sent one",
                     task.task_id, on, stale_after)  # fmt: skip
     report.released = _release_blocked(store, queues, blocked, now=now, stale_after=stale_after)
-    observe.record_swept(len(report.swept) + len(report.looked) + len(report.released))
+    fair = FairShare(store, queues, default_limit=default_max_running, fleet_capacity=fleet_capacity,
+                     tier_limits=tier_limits)  # fmt: skip
+    report.given_back = _give_back_parked(fair, holding)
+    observe.record_swept(len(report.swept) + len(report.looked) + len(report.released) + len(report.given_back))
     return report
 
 
@@ -230,6 +249,23 @@ def _release_blocked(
             log.warning("task %s was blocked %.0fs past the end of dependency %s, which no walk reported: %s",
                         task.task_id, stale_after, over[0], moved.value)  # fmt: skip
     return released
+
+
+def _give_back_parked(fair: FairShare, task_ids: list[str]) -> list[str]:
+    """Give back the slots each parked task of ``task_ids`` still names (see the module): those
+    that freed some. One whose release fails is logged and left for the next sweep."""
+    given_back = []
+    for task_id in task_ids:
+        try:
+            freed = fair.release(task_id)
+        except Exception:
+            log.warning("task %s: could not give back the slots it holds parked", task_id, exc_info=True)
+            continue
+        if freed:
+            given_back.append(task_id)
+            log.warning("task %s was parked holding slots %s with no release to come: given back",
+                        task_id, ", ".join(freed))  # fmt: skip
+    return given_back
 
 
 def _is_parked(slots: RunningSlots, task: Task, parked: dict[str, set[str]]) -> bool:

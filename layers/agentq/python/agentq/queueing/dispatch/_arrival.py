@@ -1,6 +1,7 @@
 """What every message for a task does first, whatever its kind: read the task (poison when it
 is unknown or unreadable), record the fan-out's callback token the message carries, answer for
-a task that already ended (``_ended``), forward a task with a workspace to the pool whose hosts
+a task that already ended (``_ended``), give back the slots of a parked task whose worker
+died before it did (``_gate.release_parked``), forward a task with a workspace to the pool whose hosts
 can run its sandbox (``queueing.queues``: a runner without user namespaces never starts it), and
 renew a message whose receives went to worker faults. The kind's handler goes on with the task
 this returns."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from agentq.core.errors import DETERMINISTIC_FAULTS, TaskNotFound
 from agentq.core.models import Task
-from agentq.queueing.dispatch import _ended, _poison
+from agentq.queueing.dispatch import _ended, _gate, _poison
 from agentq.queueing.dispatch._context import Action, Context, Delivery
 from agentq.queueing.queues import TaskMessage
 
@@ -30,6 +31,7 @@ def receive(ctx: Context, message: TaskMessage, delivery: Delivery) -> Action | 
         if isinstance(ended, Action):
             return ended
         task = ended
+    task = _gate.release_parked(ctx, task)
     if ctx.queues.forwards(task.submission):
         # Sent to this pool by a path that does not route (a wake, a continuation of a release,
         # a sweep, a fan-out's child): the same body, to the same tier of the workspace pool.

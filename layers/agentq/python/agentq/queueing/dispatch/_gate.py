@@ -6,16 +6,26 @@ waits ``queued`` and costs nothing until a slot frees); one neither admitted nor
 message (a retry in a second); one its key's ``skip`` ended is reported as any end. A
 reserved-concurrency executor that meets a full tenant thus deletes the message instead of
 retrying it.
+
+A task parked ``waiting``, ``paused`` or ``idle`` holds no slot (ARCHITECTURE 12): its run's
+worker gives them back after the run returns. A worker killed between the park and that release
+leaves the task naming slots nobody else gives back (a parent until its children end, which
+need them; an approval until decided; an idle conversation maybe never), so whatever message
+of the task comes next (the dead worker's own, made visible by the liveness hand-off) gives
+them back first (``release_parked``), as one for an ended task does (``_ended``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from agentq.core.engine import RunResult
 from agentq.core.models import Task, TaskStatus
-from agentq.queueing.dispatch._context import Action, Context
+from agentq.queueing.dispatch._context import PARKED, Action, Context
 from agentq.queueing.fairness import Gate
+
+log = logging.getLogger("agentq.dispatch")
 
 
 def admit(ctx: Context, task: Task, tier: str) -> tuple[Gate, Action | None]:
@@ -41,3 +51,19 @@ def left_running(gate: Gate, run: RunResult) -> bool:
     """The run's task holds slots and left ``running`` (ended, idle, waiting for its children,
     paused for an approval, or failed retryably): its slots go back now."""
     return gate.limited and run.status not in (TaskStatus.RUNNING, TaskStatus.QUEUED)
+
+
+def release_parked(ctx: Context, task: Task) -> Task:
+    """``task`` as it is once a parked task's slots are given back (see the module); ``task``
+    itself when it is not parked or names none (nothing read, nothing written). The release is
+    idempotent and conditional on the task being neither ``queued`` nor ``running`` when it
+    lands, so racing its own worker's release, or a wake that requeued it meanwhile (which
+    then keeps its slots and runs on them), gives nothing back twice and takes none from a
+    task that runs; read again after it, so the caller never acts on slots it no longer holds."""
+    if task.status not in PARKED or not task.slots:
+        return task
+    freed = ctx.fair.release(task.task_id)
+    if freed:
+        log.warning("task %s was %s still holding slots %s (its worker died before releasing them): given back",
+                    task.task_id, task.status.value, ", ".join(freed))  # fmt: skip
+    return ctx.store.tasks.get(task.task_id)
