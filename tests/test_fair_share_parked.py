@@ -2,7 +2,9 @@
 "Which states hold a slot"), even when the worker whose run parked it died before giving the
 slot back: the task's next message gives it back (``queueing.dispatch._gate.release_parked``),
 and when no message comes the sweeper does. Without it the slot stayed taken for good: a
-parent held the one its children needed, so they waited until their deadline.
+parent held the one its children needed, so they waited until their deadline. And a parent
+woken by its fan-out runs on slots it holds when it runs, never on the ones a stale read named
+(``queueing.dispatch._wake``).
 
 The dispatcher runs on the in-memory twin with the tier queues on moto server; the last test
 kills a real worker process between its run's park and the release
@@ -149,3 +151,50 @@ def test_a_parent_whose_worker_died_between_its_spawn_park_and_its_release_lets_
         assert [c.status for c in children] == [TaskStatus.SUCCEEDED] * 2, [c.status.value for c in children]
         assert final.status is TaskStatus.SUCCEEDED and final.result == "done"
         assert store.slots.usage("t").running == 0
+
+
+@pytest.mark.parametrize("read_as", [TaskStatus.WAITING, TaskStatus.RUNNING])
+def test_a_woken_parent_whose_slot_a_late_release_gave_to_another_task_is_admitted_again_not_run_on_none(
+    store: Storage, queues: TaskQueues, registry: Any, monkeypatch: pytest.MonkeyPatch, read_as: TaskStatus
+) -> None:
+    """Worker A's run spawned; A is slow to give the parent's slot back (a GC pause, a starved
+    CPU). The children end and the fan-out's wake reaches worker B, which reads the parent
+    naming its slot, ``waiting`` (A parked it) or still ``running`` (A's run is parking it); A's
+    release lands right after B's read, and another task of the tenant takes the freed slot.
+    B must admit the parent again (the tenant's limit is 1), not run it on the slot its read
+    named. Read ``waiting``, B's arrival gives the slot back itself (``_gate.release_parked``);
+    read ``running``, only a read after the move to ``queued`` sees the slot gone."""
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    tenant = f"stale-wake-{read_as.value}"
+    parent = _submit(store, tenant)
+    assert dispatcher.fair.admit(parent, "normal").waits is None
+    lease, claimed = store.tasks.claim(parent.task_id, "worker-a", 30)  # type: ignore[misc]
+    store.spawns.create(lease, claimed, "toolu_spawn", [], [], 1)
+    if read_as is TaskStatus.WAITING:
+        store.tasks.transition(parent.task_id, TaskStatus.WAITING, lease=lease)  # A's run returned "waiting"
+    other = _submit(store, tenant)
+    mark = store.spawns.mark
+
+    def a_parks_and_releases_late(*args: Any, **kwargs: Any) -> Any:
+        if store.tasks.get(parent.task_id).status is TaskStatus.RUNNING:
+            store.tasks.transition(parent.task_id, TaskStatus.WAITING, lease=lease)  # A's run returns "waiting"
+        dispatcher.fair.release(parent.task_id)  # A's release lands now
+        assert dispatcher.fair.admit(other, "normal").waits is None  # the freed slot is taken
+        assert store.tasks.claim(other.task_id, "worker-c", 30) is not None
+        return mark(*args, **kwargs)
+
+    monkeypatch.setattr(store.spawns, "mark", a_parks_and_releases_late)
+    ran_holding: list[list[str]] = []
+    real_run = dispatcher.engine.run
+
+    def recording_run(task_id: str, **kw: Any) -> Any:
+        ran_holding.append(store.tasks.get(task_id).slots)
+        return real_run(task_id, **kw)
+
+    monkeypatch.setattr(dispatcher.engine, "run", recording_run)
+    body = TaskMessage(task_id=parent.task_id, kind="wake", spawn_id="toolu_spawn").model_dump_json()
+    action = dispatcher.handle(body, tier="normal", receive_count=1)
+
+    assert ran_holding == [], f"the parent ran holding {ran_holding} while {other.task_id} held the only slot"
+    assert store.tasks.get(parent.task_id).status is TaskStatus.QUEUED and "waits queued" in action.reason
+    assert store.slots.with_default(1).usage(tenant).running == 1  # ``other``'s, never two
