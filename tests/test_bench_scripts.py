@@ -51,6 +51,7 @@ CASES = {
     "provider_calls": ["--calls", "5"],
     "eval_run": ["--items", "6", "--latency", "1"],
     "stop_time": ["--tasks", "6", "--others", "2", "--workers", "1", "--latency", "0.5", "--scan", "6"],
+    "quiet_tenant": ["--roots", "1", "--children", "4", "--latency", "0.5", "--ahead", "0", "--workers", "1"],
     "fairness": ["--sizes", "8", "--b-tasks", "2", "--latency", "0.5", "--limit", "2", "--window", "2",
                  "--concurrency", "4", "--workers", "1"],
     # the coding task, its bill and the shell's overhead; not the restore part (a local stack and
@@ -188,6 +189,9 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         assert {(r["backend"], r["documents"], r["hits"]) for r in result["searches_by_size"]} == {
             ("in-memory twin", 3, 3), ("moto server", 3, 3),
         }  # fmt: skip
+    elif name == "quiet_tenant":
+        assert [r["scenario"] for r in result["rows"]] == ["sub-agents", "submissions"]
+        assert all(r["noisy_tasks"] == 4 and r["quiet_first_claim_s"] > 0 for r in result["rows"])
     elif name == "slot_calls":
         rows = {r["scenario"]: r for r in result["rows"]}
         assert rows["unlimited tenant, no fleet"]["release"] == {"dynamodb:GetItem": 1}

@@ -240,7 +240,8 @@ def submit_once(
     if queues is None:
         return Submitted(task, created)
     # Admitted here, a task of a tenant at its running limit never enters the queue: it waits
-    # on the tenant's list, and a burst of one tenant never stands in front of another's tasks.
+    # on the tenant's list, and a burst of one tenant's submissions never stands in front of
+    # another's tasks (its sub-agents' messages do, locally: ARCHITECTURE 12, "Waiting").
     fair = FairShare(
         store,
         queues,
