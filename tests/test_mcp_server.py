@@ -140,6 +140,26 @@ def test_bad_arguments_are_an_error_result_naming_them_and_start_nothing(api_sta
     assert result.is_error and "max_steps" in result.content[0].text
 
 
+@pytest.mark.parametrize("name", ["no-such-agent", "Not An Agent!", "x" * 300])
+def test_a_call_of_a_tool_the_server_does_not_have_is_a_json_rpc_unknown_tool_error(
+    api_stack: ApiStack, name: str
+) -> None:
+    """MCP tools (2025-11-25, "Error Handling"): an unknown tool is a protocol error, ``-32602``
+    "Unknown tool: <name>", not a tool result with isError (which is for the execution errors a
+    model can fix by changing its arguments); a long name is cut in the answer."""
+
+    async def work(client: Any) -> Any:
+        try:
+            result = await client.call_tool(name, {"goal": "x"})
+        except Exception as exc:  # the protocol's error is the point
+            return exc
+        return result
+
+    answered = _session(api_stack.url, api_stack.key, work)
+    assert getattr(answered, "code", None) == -32602, answered
+    assert answered.message == f"Unknown tool: {name if len(name) <= 128 else name[:128] + '...'}", answered.message
+
+
 def test_without_a_key_mcp_answers_401(api_stack: ApiStack) -> None:
     status, data, _ = api_stack.http("POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, key=None)
     assert status == 401, data

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import re
 import time
 from dataclasses import dataclass
 from decimal import Decimal
@@ -38,11 +39,13 @@ from agentq.api.views import task_result
 from agentq.control.conversations import send_message
 from agentq.control.operations import owned_task
 from agentq.control.submit import parse_submission, submit_once
+from agentq.core.agents import NAME_PATTERN
 from agentq.core.call_keys import is_cap_approval
 from agentq.core.endusers import Caller
 from agentq.core.errors import AgentqError, TaskNotFound
 from agentq.core.models import MAX_GOAL_CHARS, MAX_MESSAGE_CHARS, MAX_TIMEOUT_SECONDS, Task, TaskStatus
 from agentq.core.models.submission import EndUser
+from agentq.storage.agents import AgentNotFound
 
 STATUS_TOOL = "agentq_task"
 MESSAGE_TOOL = "agentq_message"
@@ -191,6 +194,7 @@ def build_server(deps: McpDeps) -> Any:
                 message = TaskMessage.model_validate(arguments)
                 outcome = await anyio.to_thread.run_sync(lambda: _message(deps, tenant, message))
             else:
+                await anyio.to_thread.run_sync(lambda: _known_agent(deps, tenant, params.name))
                 call = AgentCall.model_validate(arguments)
                 if mcp_tasks.declares_tasks(ctx.meta, ctx.protocol_version):
                     # The handle once the task is written: a tasks/get on it resolves from now on.
@@ -272,6 +276,27 @@ def _argument_errors(exc: ValidationError) -> str:
     """pydantic's errors in the API's words (``constraints.max_steps: ...``), without the help
     URL its ``str()`` adds to each: what a model calling the tool can act on."""
     return "; ".join(describe_validation_error(e)[0] for e in exc.errors(include_url=False))
+
+
+def _known_agent(deps: McpDeps, caller: Caller, name: str) -> None:
+    """MCP's "Unknown tool" (JSON-RPC ``-32602``) for a name that is no agent of the caller's
+    tenant (none by that name, or a name no agent can have: ``support@2`` too, which
+    ``tools/list`` never offers): the spec's protocol error for a request naming a tool the
+    server does not have, which a model cannot fix by changing its arguments; an ``isError``
+    result is for what it can (the tools spec's "Error Handling", 2025-11-25)."""
+    if re.fullmatch(NAME_PATTERN, name) is None or not _has_agent(deps, caller, name):
+        from mcp.shared.exceptions import MCPError
+
+        shown = name if len(name) <= 128 else f"{name[:128]}..."
+        raise MCPError(code=mcp_tasks.INVALID_PARAMS, message=f"Unknown tool: {shown}")
+
+
+def _has_agent(deps: McpDeps, caller: Caller, name: str) -> bool:
+    try:
+        deps.store.agents.latest(caller.tenant, name)
+    except AgentNotFound:
+        return False
+    return True
 
 
 def _run_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> Outcome:
