@@ -325,3 +325,41 @@ def test_a_bad_answer_to_what_the_task_asks_names_the_field_and_decides_nothing(
     status, page, _ = api_stack.http("GET", f"/tasks/{handle.task_id}/events?limit=200")
     assert status == 200
     assert not [e for e in page["events"] if e["type"] == "approval.decided"], json.dumps(page)[:500]
+
+
+LEGACY_HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+
+
+@pytest.mark.parametrize("corrupt", ["unparseable submission", "missing submission"])
+def test_a_server_side_fault_is_an_internal_error_never_the_callers_bad_arguments_nor_the_exceptions_text(
+    api_stack: ApiStack, corrupt: str
+) -> None:
+    """A fault of the server (here a task stored as this release cannot read; in AWS a throttle,
+    an AccessDenied, a bug) is JSON-RPC -32603 with no internals, as GET /tasks/{id} answers 500
+    "internal error; see the service logs". It was "invalid arguments: ..." to the model (a
+    pydantic error raised by the store, caught as the arguments'), -32602 "Invalid request
+    parameters" from tasks/*, and to a 2025-11-25 client ``{"code": 0, "message": str(exc)}``:
+    no JSON-RPC code, and the exception's own text."""
+    from agentq.storage import keys
+    from agentq.storage.table import Update
+
+    tenant_key = api_stack.stack.create_api_key(f"mcp-fault-{uuid.uuid4().hex[:6]}")  # its own tenant
+    task_id = api_stack.submit(key=tenant_key)
+    api_stack.until(task_id, lambda v: v["status"] == "succeeded", key=tenant_key)
+    broken = Update(set={"submission": "{not json"}) if corrupt == "unparseable submission" else Update(
+        remove=["submission"])  # fmt: skip
+    api_stack.stack.store().tasks.table.update(keys.submission_key(task_id), broken)
+    assert api_stack.http("GET", f"/tasks/{task_id}", key=tenant_key)[0] == 500  # the REST API's answer
+
+    answers = []
+    for tool, arguments in (("agentq_task", {}), ("agentq_message", {"text": "and then?"})):
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": tool, "arguments": {"task_id": task_id, **arguments}}}  # fmt: skip
+        answers.append(api_stack.http("POST", "/mcp", body, key=tenant_key, headers=LEGACY_HEADERS)[1])
+    methods: list[tuple[str, dict[str, Any]]] = [("tasks/get", {}), ("tasks/update", {"inputResponses": {}}),
+                                                ("tasks/cancel", {})]  # fmt: skip
+    for method, params in methods:
+        answers.append(_rpc(api_stack, method, {"taskId": task_id, **params}, key=tenant_key)[1])
+    for answer in answers:
+        error = answer.get("error") or {}
+        assert error == {"code": -32603, "message": "internal error; see the service logs"}, answer

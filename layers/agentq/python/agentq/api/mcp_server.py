@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import contextvars
 import json
+import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -53,6 +55,10 @@ RESERVED_TOOLS = frozenset({STATUS_TOOL, MESSAGE_TOOL})
 MAX_WAIT_SECONDS = 25.0  # API Gateway answers within 29 s: a run longer than this comes back as its task id
 DEFAULT_WAIT_SECONDS = 20.0
 POLL_SECONDS = 0.2
+
+INTERNAL_ERROR = -32603
+Handler = Callable[[Any, Any], Awaitable[Any]]
+log = logging.getLogger("agentq.api")
 
 caller_var: contextvars.ContextVar[Caller] = contextvars.ContextVar("agentq_mcp_caller")
 
@@ -181,32 +187,34 @@ def build_server(deps: McpDeps) -> Any:
         )
         return types.ListToolsResult(tools=tools)
 
+    @guarded("tools/call")
     async def call_tool(ctx: Any, params: Any) -> Any:
         import anyio
 
         tenant = caller_var.get()
-        arguments = dict(params.arguments or {})
-        try:
-            if params.name == STATUS_TOOL:
-                check = TaskCheck.model_validate(arguments)
-                outcome = await anyio.to_thread.run_sync(lambda: _check(deps, tenant, check))
-            elif params.name == MESSAGE_TOOL:
-                message = TaskMessage.model_validate(arguments)
-                outcome = await anyio.to_thread.run_sync(lambda: _message(deps, tenant, message))
-            else:
-                await anyio.to_thread.run_sync(lambda: _known_agent(deps, tenant, params.name))
-                call = AgentCall.model_validate(arguments)
-                if mcp_tasks.declares_tasks(ctx.meta, ctx.protocol_version):
-                    # The handle once the task is written: a tasks/get on it resolves from now on.
-                    started = await anyio.to_thread.run_sync(lambda: _start_agent(deps, tenant, params.name, call))
-                    return mcp_tasks.handle(started)
-                outcome = await anyio.to_thread.run_sync(lambda: _run_agent(deps, tenant, params.name, call))
-        except AgentqError as exc:
-            where = f" ({exc.field})" if exc.field else ""
-            return types.CallToolResult(content=[types.TextContent(text=f"{exc.message}{where}")], is_error=True)
+        name = params.name
+        if name not in RESERVED_TOOLS:
+            await anyio.to_thread.run_sync(lambda: _known_agent(deps, tenant, name))
+        model = TaskCheck if name == STATUS_TOOL else TaskMessage if name == MESSAGE_TOOL else AgentCall
+        try:  # only the arguments: a pydantic error raised below (a stored item's) is no caller's
+            parsed = model.model_validate(dict(params.arguments or {}))
         except ValidationError as exc:  # the arguments, each named as the caller wrote it
             text = f"invalid arguments: {_argument_errors(exc)}"
             return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+        try:
+            if isinstance(parsed, TaskCheck):
+                outcome = await anyio.to_thread.run_sync(lambda: _check(deps, tenant, parsed))
+            elif isinstance(parsed, TaskMessage):
+                outcome = await anyio.to_thread.run_sync(lambda: _message(deps, tenant, parsed))
+            elif mcp_tasks.declares_tasks(ctx.meta, ctx.protocol_version):
+                # The handle once the task is written: a tasks/get on it resolves from now on.
+                started = await anyio.to_thread.run_sync(lambda: _start_agent(deps, tenant, name, parsed))
+                return mcp_tasks.handle(started)
+            else:
+                outcome = await anyio.to_thread.run_sync(lambda: _run_agent(deps, tenant, name, parsed))
+        except AgentqError as exc:
+            where = f" ({exc.field})" if exc.field else ""
+            return types.CallToolResult(content=[types.TextContent(text=f"{exc.message}{where}")], is_error=True)
         return tool_result(outcome)
 
     server = Server("agentq", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
@@ -245,12 +253,14 @@ def add_task_methods(server: Any, deps: McpDeps) -> None:
         result = tool_result(_outcome(deps, task)).model_dump(by_alias=True, mode="json", exclude_none=True)
         return mcp_tasks.detailed(task, pending, result, user=caller.user)
 
+    @guarded("tasks/get")
     async def get_task(ctx: Any, params: Any) -> Any:
         mcp_tasks.require_name(getattr(ctx.request, "headers", None), ctx.protocol_version, params.task_id)
         mcp_tasks.require_tasks(ctx.meta, ctx.protocol_version)
         caller = caller_var.get()
         return await anyio.to_thread.run_sync(lambda: read(caller, params.task_id))
 
+    @guarded("tasks/update")
     async def update_task(ctx: Any, params: Any) -> Any:
         mcp_tasks.require_name(getattr(ctx.request, "headers", None), ctx.protocol_version, params.task_id)
         mcp_tasks.require_tasks(ctx.meta, ctx.protocol_version)
@@ -260,6 +270,7 @@ def add_task_methods(server: Any, deps: McpDeps) -> None:
         )
         return {}
 
+    @guarded("tasks/cancel")
     async def cancel_task(ctx: Any, params: Any) -> Any:
         mcp_tasks.require_name(getattr(ctx.request, "headers", None), ctx.protocol_version, params.task_id)
         mcp_tasks.require_tasks(ctx.meta, ctx.protocol_version)
@@ -270,6 +281,35 @@ def add_task_methods(server: Any, deps: McpDeps) -> None:
     server.add_request_handler("tasks/get", mcp_tasks.task_params_type(), get_task)
     server.add_request_handler("tasks/update", mcp_tasks.update_params_type(), update_task)
     server.add_request_handler("tasks/cancel", mcp_tasks.task_params_type(), cancel_task)
+
+
+def guarded(method: str) -> Callable[[Handler], Handler]:
+    """A handler whose failures are the protocol's errors, never an exception's text: an
+    ``MCPError`` as raised; an ``AgentqError`` (the caller's to fix: a stopped scope, a
+    refused message) ``-32602`` with its message; anything else is the server's fault (a
+    throttled or refused store call, a stored item this release cannot read, a bug): logged,
+    and ``-32603`` "internal error; see the service logs", as the REST API answers it (500).
+    Unguarded, the ``mcp`` package answered a 2025-11-25 client ``{"code": 0, "message":
+    str(exc)}`` and a pydantic error raised by the store ``-32602`` "Invalid request parameters"."""
+
+    def wrap(handler: Handler) -> Handler:
+        async def run(ctx: Any, params: Any) -> Any:
+            from mcp.shared.exceptions import MCPError
+
+            try:
+                return await handler(ctx, params)
+            except MCPError:
+                raise
+            except AgentqError as exc:
+                where = f" ({exc.field})" if exc.field else ""
+                raise mcp_tasks.invalid(f"{exc.message}{where}") from None
+            except Exception:
+                log.exception("mcp: %s failed", method)
+                raise MCPError(code=INTERNAL_ERROR, message="internal error; see the service logs") from None
+
+        return run
+
+    return wrap
 
 
 def _argument_errors(exc: ValidationError) -> str:
