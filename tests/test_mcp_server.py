@@ -160,6 +160,48 @@ def test_a_call_of_a_tool_the_server_does_not_have_is_a_json_rpc_unknown_tool_er
     assert answered.message == f"Unknown tool: {name if len(name) <= 128 else name[:128] + '...'}", answered.message
 
 
+def test_a_retried_call_with_the_same_idempotency_key_starts_one_task_and_the_key_with_other_arguments_is_refused(
+    api_stack: ApiStack,
+) -> None:
+    """A client whose connection drops mid tools/call never learns the task id, and its retry
+    started a second task: the agent ran, and spent, twice. With ``idempotency_key`` (as
+    ``agentq_message`` takes it, and POST /tasks its Idempotency-Key) the retry answers the
+    first call's task, however long it waits (``wait_seconds`` starts nothing); the key with
+    other arguments is an error naming it, nothing started; one end user's key is not the
+    tenant's nor another user's, nor a POST /tasks key of the same text."""
+    tenant = f"mcp-idem-{uuid.uuid4().hex[:6]}"
+    key = api_stack.stack.create_api_key(tenant, act_for_users=True)
+    name = f"mcp-{uuid.uuid4().hex[:8]}"
+    agent = {"name": name, "provider": "scripted", "script": {"turns": [{"text": "once"}]}}
+    assert api_stack.http("POST", "/agents", agent, key=key)[0] == 201
+    call = {"goal": "count once", "idempotency_key": "k-1", "wait_seconds": 20}
+
+    async def work(client: Any) -> Any:
+        first = await client.call_tool(name, call)
+        retried = await client.call_tool(name, {**call, "wait_seconds": 0})
+        other = await client.call_tool(name, {**call, "goal": "count twice"})
+        for_dave = await client.call_tool(name, {**call, "user": "dave"})
+        return first, retried, other, for_dave
+
+    first, retried, other, for_dave = _session(api_stack.url, key, work)
+    assert not first.is_error and first.structured_content["result"] == "once", first
+    task_id = first.structured_content["task_id"]
+    assert retried.structured_content == first.structured_content  # the same task, ended: its answer
+    assert other.is_error and other.content[0].text.startswith("this idempotency_key started a task of another call")
+    assert other.content[0].text.endswith("(idempotency_key)")
+    dave = for_dave.structured_content["task_id"]
+    assert not for_dave.is_error and dave != task_id
+    erin = _session(api_stack.url, api_stack.stack.token(user="erin", tenant=tenant), lambda c: c.call_tool(name, call))
+    assert not erin.is_error and erin.structured_content["task_id"] not in (task_id, dave)
+    body = {"goal": "count once", "agent": name}
+    status, posted, _ = api_stack.http("POST", "/tasks", body, key=key, headers={"Idempotency-Key": "k-1"})
+    assert status == 202 and posted["created"], posted
+    _, page, _ = api_stack.http("GET", "/tasks?limit=100", key=key)
+    assert sorted(t["task_id"] for t in page["tasks"]) == sorted(
+        [task_id, dave, erin.structured_content["task_id"], posted["task_id"]]
+    )
+
+
 def test_without_a_key_mcp_answers_401(api_stack: ApiStack) -> None:
     status, data, _ = api_stack.http("POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, key=None)
     assert status == 401, data

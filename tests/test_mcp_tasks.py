@@ -109,6 +109,23 @@ def test_the_official_clients_call_tool_follows_the_task_to_its_structured_resul
     api_stack.until(result.structured_content["task_id"], lambda v: v["status"] == "succeeded")
 
 
+def test_a_retried_call_with_the_same_idempotency_key_answers_the_handle_of_the_first(api_stack: ApiStack) -> None:
+    """A declaring client's retry of a tools/call whose answer it never got (the handle is the
+    only way to the task: there is no tasks/list) gets the first call's handle, not a second task."""
+    name = _agent(api_stack, [{"text": "once", "latency_seconds": 2.0}])
+    call = {"goal": f"retry-{uuid.uuid4().hex[:6]}", "idempotency_key": f"k-{uuid.uuid4().hex}"}
+
+    async def work(client: Any) -> Any:
+        first = await _handle(client, name, call)
+        retried = await client.session.call_tool(name, call, allow_claimed=True)
+        return first, retried, await until(client.session, first.task_id, TERMINAL)
+
+    first, retried, ended = _session(api_stack.url, api_stack.key, work)
+    assert retried.task_id == first.task_id and ended.result["structuredContent"]["result"] == "once"
+    _, page, _ = api_stack.http("GET", "/tasks?limit=100")
+    assert [t["task_id"] for t in page["tasks"] if t["goal"] == call["goal"]] == [first.task_id]
+
+
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 def test_a_client_that_does_not_declare_tasks_gets_the_blocking_answer_and_no_tasks_methods(
     api_stack: ApiStack, mode: str

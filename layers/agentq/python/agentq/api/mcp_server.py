@@ -40,11 +40,11 @@ from agentq.api.user_submission import check_user_submission
 from agentq.api.views import task_result
 from agentq.control.conversations import send_message
 from agentq.control.operations import owned_task
-from agentq.control.submit import parse_submission, submit_once
+from agentq.control.submit import parse_submission, request_hashes, submit_once
 from agentq.core.agents import NAME_PATTERN
 from agentq.core.call_keys import is_cap_approval
 from agentq.core.endusers import Caller
-from agentq.core.errors import AgentqError, TaskNotFound
+from agentq.core.errors import AgentqError, IdempotencyConflict, TaskNotFound
 from agentq.core.models import MAX_GOAL_CHARS, MAX_MESSAGE_CHARS, MAX_TIMEOUT_SECONDS, Task, TaskStatus
 from agentq.core.models.submission import EndUser
 from agentq.storage.agents import AgentNotFound
@@ -55,6 +55,7 @@ RESERVED_TOOLS = frozenset({STATUS_TOOL, MESSAGE_TOOL})
 MAX_WAIT_SECONDS = 25.0  # API Gateway answers within 29 s: a run longer than this comes back as its task id
 DEFAULT_WAIT_SECONDS = 20.0
 POLL_SECONDS = 0.2
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,128}$"  # visible ASCII, as POST /tasks's Idempotency-Key
 
 INTERNAL_ERROR = -32603
 Handler = Callable[[Any, Any], Awaitable[Any]]
@@ -85,6 +86,11 @@ class AgentCall(BaseModel):
         default=None,
         description="the end user the task acts for (a key allowed to act for users; a user's token acts as its own)",
     )
+    idempotency_key: str | None = Field(
+        default=None,
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+        description="the same key starts the task once however often the call is repeated with the same arguments",
+    )
     wait_seconds: float = Field(
         strict=True,
         default=DEFAULT_WAIT_SECONDS,
@@ -110,7 +116,7 @@ class TaskMessage(BaseModel):
     text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS, description="your message to the agent")
     idempotency_key: str | None = Field(
         default=None,
-        pattern=r"^[\x21-\x7e]{1,128}$",
+        pattern=IDEMPOTENCY_KEY_PATTERN,
         description="the same key sends the message once however often the call is repeated",
     )
     wait_seconds: float = Field(
@@ -352,9 +358,30 @@ def _start_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> 
         raw["user"] = user
     submission = parse_submission(raw)
     check_user_submission(caller, submission)  # a token's: only what POST /tasks lets it set
-    submitted = submit_once(deps.store, deps.tools, submission, tenant=caller.tenant, queues=deps.queues,
-                            defaults=deps.defaults, key_id=caller.key_id)  # fmt: skip
+    key = None if call.idempotency_key is None else call_key(user, call.idempotency_key)
+    try:
+        # The key is bound to the call as sent (POST /tasks's digest of it: the agent, goal,
+        # constraints and user; not wait_seconds, which starts nothing), so a retry matches
+        # even after a new version of the agent.
+        submitted = submit_once(deps.store, deps.tools, submission, tenant=caller.tenant, queues=deps.queues,
+                                idempotency_key=key, digest=request_hashes(submission), defaults=deps.defaults,
+                                key_id=caller.key_id)  # fmt: skip
+    except IdempotencyConflict:
+        raise IdempotencyConflict(
+            "this idempotency_key started a task of another call (another agent, goal, constraints or user); "
+            "a retry repeats the call it retries, and a new call takes a new key",
+            field="idempotency_key",
+        ) from None
     return submitted.task
+
+
+def call_key(user: str | None, key: str) -> str:
+    """The name of a tools/call's ``idempotency_key`` record: one end user's keys apart from
+    another's and from the tenant's (as POST /tasks scopes them, ``control.submit.user_scoped_key``),
+    and all of them apart from POST /tasks's and A2A's keys, so a key a client uses on both
+    never finds the other's task. A space joins the parts: no key (visible ASCII) and no user
+    holds one, POST /tasks's names hold at most one, and ``-`` (no user) begins no user's name."""
+    return f"mcp {user or '-'} {key}"
 
 
 def _seen(deps: McpDeps, caller: Caller, task_id: str) -> Task:
