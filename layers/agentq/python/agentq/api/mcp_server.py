@@ -22,13 +22,12 @@ other), and a token's caller reaches only its own user's tasks with ``agentq_tas
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 import re
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,25 +35,29 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agentq import __version__
 from agentq.api import mcp_tasks
 from agentq.api.errors import describe_validation_error
+from agentq.api.mcp_outcomes import (
+    MESSAGE_TOOL,
+    STATUS_TOOL,
+    Outcome,
+    check,
+    message,
+    outcome,
+    seen,
+    tool_result,
+    wait,
+)
 from agentq.api.user_submission import check_user_submission
-from agentq.api.views import task_result
-from agentq.control.conversations import send_message
-from agentq.control.operations import owned_task
 from agentq.control.submit import parse_submission, request_hashes, submit_once
 from agentq.core.agents import NAME_PATTERN
-from agentq.core.call_keys import is_cap_approval
 from agentq.core.endusers import Caller
 from agentq.core.errors import AgentqError, IdempotencyConflict, TaskNotFound
 from agentq.core.models import MAX_GOAL_CHARS, MAX_MESSAGE_CHARS, MAX_TIMEOUT_SECONDS, Task, TaskStatus
 from agentq.core.models.submission import EndUser
 from agentq.storage.agents import AgentNotFound
 
-STATUS_TOOL = "agentq_task"
-MESSAGE_TOOL = "agentq_message"
 RESERVED_TOOLS = frozenset({STATUS_TOOL, MESSAGE_TOOL})
 MAX_WAIT_SECONDS = 25.0  # API Gateway answers within 29 s: a run longer than this comes back as its task id
 DEFAULT_WAIT_SECONDS = 20.0
-POLL_SECONDS = 0.2
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,128}$"  # visible ASCII, as POST /tasks's Idempotency-Key
 
 INTERNAL_ERROR = -32603
@@ -128,16 +131,6 @@ class TaskMessage(BaseModel):
     )
 
 
-class Outcome(BaseModel):
-    """What every tool answers, as structured content: the task, and its result once it ended."""
-
-    task_id: str
-    status: str
-    result: Any = Field(default=None, description="the agent's output: JSON with an output schema, else its text")
-    error: dict[str, Any] | None = None
-    next: str | None = Field(default=None, description="what to do while it runs")
-
-
 @dataclass(frozen=True)
 class McpDeps:
     """What the tools act on: the API's own deps (``api.routes.common.ApiDeps``)."""
@@ -209,35 +202,26 @@ def build_server(deps: McpDeps) -> Any:
             return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
         try:
             if isinstance(parsed, TaskCheck):
-                outcome = await anyio.to_thread.run_sync(lambda: _check(deps, tenant, parsed))
+                answer = await anyio.to_thread.run_sync(
+                    partial(check, deps, tenant, parsed.task_id, parsed.wait_seconds)
+                )
             elif isinstance(parsed, TaskMessage):
-                outcome = await anyio.to_thread.run_sync(lambda: _message(deps, tenant, parsed))
+                said = partial(message, deps, tenant, parsed.task_id, parsed.text, parsed.idempotency_key)
+                answer = await anyio.to_thread.run_sync(partial(said, parsed.wait_seconds))
             elif mcp_tasks.declares_tasks(ctx.meta, ctx.protocol_version):
                 # The handle once the task is written: a tasks/get on it resolves from now on.
-                started = await anyio.to_thread.run_sync(lambda: _start_agent(deps, tenant, name, parsed))
+                started = await anyio.to_thread.run_sync(partial(_start_agent, deps, tenant, name, parsed))
                 return mcp_tasks.handle(started)
             else:
-                outcome = await anyio.to_thread.run_sync(lambda: _run_agent(deps, tenant, name, parsed))
+                answer = await anyio.to_thread.run_sync(partial(_run_agent, deps, tenant, name, parsed))
         except AgentqError as exc:
             where = f" ({exc.field})" if exc.field else ""
             return types.CallToolResult(content=[types.TextContent(text=f"{exc.message}{where}")], is_error=True)
-        return tool_result(outcome)
+        return tool_result(answer)
 
     server = Server("agentq", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
     add_task_methods(server, deps)
     return server
-
-
-def tool_result(outcome: Outcome) -> Any:
-    """The ``CallToolResult`` of an outcome: the blocking call's answer, and a task's result."""
-    import mcp_types as types
-
-    failed = outcome.status not in ("succeeded", "queued", "running", "blocked", "waiting", "paused", "idle")
-    return types.CallToolResult(
-        content=[types.TextContent(text=_text(outcome))],
-        structured_content=outcome.model_dump(mode="json"),
-        is_error=failed,
-    )
 
 
 def add_task_methods(server: Any, deps: McpDeps) -> None:
@@ -249,14 +233,14 @@ def add_task_methods(server: Any, deps: McpDeps) -> None:
 
     def owned(caller: Caller, task_id: str) -> Task:
         try:
-            return _seen(deps, caller, task_id)
+            return seen(deps, caller, task_id)
         except TaskNotFound:
             raise mcp_tasks.not_found(task_id) from None
 
     def read(caller: Caller, task_id: str) -> dict[str, Any]:
         task = owned(caller, task_id)
         pending = deps.store.approvals.pending(task_id) if task.status is TaskStatus.PAUSED else None
-        result = tool_result(_outcome(deps, task)).model_dump(by_alias=True, mode="json", exclude_none=True)
+        result = tool_result(outcome(deps, task)).model_dump(by_alias=True, mode="json", exclude_none=True)
         return mcp_tasks.detailed(task, pending, result, user=caller.user)
 
     @guarded("tasks/get")
@@ -346,7 +330,7 @@ def _has_agent(deps: McpDeps, caller: Caller, name: str) -> bool:
 
 
 def _run_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> Outcome:
-    return _outcome(deps, _wait(deps, _start_agent(deps, caller, agent, call), call.wait_seconds))
+    return outcome(deps, wait(deps, _start_agent(deps, caller, agent, call), call.wait_seconds))
 
 
 def _start_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> Task:
@@ -382,96 +366,3 @@ def call_key(user: str | None, key: str) -> str:
     never finds the other's task. A space joins the parts: no key (visible ASCII) and no user
     holds one, POST /tasks's names hold at most one, and ``-`` (no user) begins no user's name."""
     return f"mcp {user or '-'} {key}"
-
-
-def _seen(deps: McpDeps, caller: Caller, task_id: str) -> Task:
-    """The task, if this caller may see it: another tenant's, or another user's for a token's
-    caller, is not found (as GET /tasks/{id} answers)."""
-    task = owned_task(deps.store, task_id, caller.tenant)
-    if not caller.sees(task.tenant, task.user):
-        raise TaskNotFound(f"no task {task_id!r}", field="task_id")
-    return task
-
-
-def _check(deps: McpDeps, caller: Caller, check: TaskCheck) -> Outcome:
-    return _outcome(deps, _wait(deps, _seen(deps, caller, check.task_id), check.wait_seconds))
-
-
-def _message(deps: McpDeps, caller: Caller, message: TaskMessage) -> Outcome:
-    _seen(deps, caller, message.task_id)
-    accepted = send_message(deps.store, deps.queues, message.task_id, message.text, tenant=caller.tenant,
-                            idempotency_key=message.idempotency_key)  # fmt: skip
-    task = deps.store.tasks.get(message.task_id)
-    # Not before the message is in the conversation: the task's status may still be the answer before it.
-    return _outcome(deps, _wait(deps, task, message.wait_seconds, heard=accepted.message.seq))
-
-
-def _wait(deps: McpDeps, task: Task, seconds: float, heard: int = 0) -> Task:
-    """The task once it has stopped (ended, or ``idle`` waiting for a message) with the first
-    ``heard`` messages delivered, or as it is after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while not _stopped(task, heard) and time.monotonic() < deadline:
-        time.sleep(POLL_SECONDS)
-        task = deps.store.tasks.get(task.task_id)
-    return task
-
-
-def _stopped(task: Task, heard: int) -> bool:
-    if task.status.terminal and task.status is not TaskStatus.SUCCEEDED:
-        return True  # failed, cancelled, ...: no answer is coming
-    if task.status is TaskStatus.PAUSED:
-        return True  # it waits for a person: waiting here would not bring its answer
-    return (task.status.terminal or task.status is TaskStatus.IDLE) and task.messages_delivered >= heard
-
-
-def _outcome(deps: McpDeps, task: Task) -> Outcome:
-    if task.status is TaskStatus.PAUSED:
-        return Outcome(task_id=task.task_id, status=task.status.value, next=_paused(deps, task))
-    if task.status is TaskStatus.IDLE:
-        return Outcome(
-            task_id=task.task_id,
-            status=task.status.value,
-            next=f"interrupted, waiting for a message: call {MESSAGE_TOOL} with this task_id to go on",
-        )
-    if not task.status.terminal:
-        return Outcome(
-            task_id=task.task_id,
-            status=task.status.value,
-            next=f"still {task.status.value}: call {STATUS_TOOL} with this task_id (and wait_seconds) for its result",
-        )
-    ended = task_result(task)
-    result = ended.output if ended.output is not None else ended.result
-    return Outcome(task_id=task.task_id, status=task.status.value, result=result, error=ended.error)
-
-
-def _paused(deps: McpDeps, task: Task) -> str:
-    """What a paused task waits for and who can act on it. Only a person decides (the model
-    calling these tools is never trusted to approve its own agent's request: no tool here
-    decides, and a message to the task is not a decision)."""
-    pending = deps.store.approvals.pending(task.task_id)
-    if pending is None:  # asked and decided meanwhile, or its request not written yet
-        what = "paused, waiting for a person's decision"
-    elif is_cap_approval(pending.use_id):  # a budget pause: a cap's soft threshold (core.caps.approval_id)
-        what = f"paused before its next model call, waiting for a person's approval to spend on: {pending.question}"
-    elif pending.credential:
-        name, host = pending.credential.get("name", ""), pending.credential.get("host", "")
-        what = (f"paused, waiting for a person to add the credential {name!r} (for {host}) to the vault and "
-                f"approve: {pending.question}")  # fmt: skip
-    else:
-        what = f"paused, waiting for a person's approval of a tool call: {pending.question}"
-    if pending is not None and pending.approver == "tenant":
-        what += " (only the tenant decides this one, with an API key: an end user's token may not)"
-    return (
-        f"{what}. It does not go on until a person of your organisation approves or rejects it (agentq approve "
-        f"{task.task_id} / agentq reject {task.task_id}, the console's approval button, or POST "
-        f"/tasks/{task.task_id}/approve); neither you nor a message to the task can approve it. Tell your user; "
-        f"then call {STATUS_TOOL} with this task_id (and wait_seconds) for its result"
-    )
-
-
-def _text(outcome: Outcome) -> str:
-    if outcome.next is not None:
-        return f"task {outcome.task_id} is {outcome.status}; {outcome.next}"
-    if outcome.status == "succeeded":
-        return outcome.result if isinstance(outcome.result, str) else json.dumps(outcome.result)
-    return f"task {outcome.task_id} ended {outcome.status}: {json.dumps(outcome.error)}"
