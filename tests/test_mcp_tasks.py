@@ -176,6 +176,105 @@ def test_an_approval_is_input_required_and_tasks_update_decides_it_once(api_stac
     assert [(d["approved"], d.get("note")) for d in decided] == [(True, "looks good")]
 
 
+def _asking(question: str, *, spawns: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A sub-agent that asks a person ``question`` (after spawning ``spawns`` and waiting for them)."""
+    turns: list[dict[str, Any]] = [{"text": "", "tool_calls": [tool_call("request_approval", question=question)]},
+                                   {"text": f"done: {question}"}]  # fmt: skip
+    if spawns:
+        turns.insert(0, {"text": "", "tool_calls": [tool_call("spawn_subagents", subagents=spawns)]})
+    tools = ["request_approval", "spawn_subagents"] if spawns else ["request_approval"]
+    return {"goal": question, "tools": tools, "script": {"turns": turns}}
+
+
+def _fanning_out(api_stack: ApiStack, children: list[dict[str, Any]]) -> str:
+    turns: list[dict[str, Any]] = [
+        {"text": "splitting", "tool_calls": [tool_call("spawn_subagents", subagents=children)]},
+        {"text": "merged"},
+    ]
+    return _agent(api_stack, turns, tools=["spawn_subagents", "request_approval"])
+
+
+def test_a_sub_agent_waiting_for_approval_makes_the_task_input_required_and_tasks_update_decides_it_on_the_sub_agent(
+    api_stack: ApiStack,
+) -> None:
+    """SEP-2663: ``inputRequests`` MUST hold every outstanding request the task needs before it
+    can go on. A parent waiting on a sub-agent paused for a person's approval stayed ``working``
+    ("agentq task waiting", no inputRequests) for as long as the approval waited, and the
+    blocking ``agentq_task`` said "still waiting". Now the approval is asked under a key naming
+    the sub-agent and the call, the blocking tool says what waits and who decides, and the
+    answer decides on the sub-agent, whose "yes" lets the parent end."""
+    name = _fanning_out(api_stack, [_asking("Child ship it?")])
+
+    async def work(client: Any) -> Any:
+        handle = await _handle(client, name, {"goal": "fan out"})
+        api_stack.until(handle.task_id, lambda v: (v.get("children") or {}).get("by_status") == {"paused": 1})
+        blocking = await client.call_tool("agentq_task", {"task_id": handle.task_id, "wait_seconds": 20})
+        asked = await get_task(client.session, handle.task_id)
+        assert asked.status == "input_required" and len(asked.input_requests or {}) == 1, asked
+        (key,) = asked.input_requests or {}
+        await update_task(client.session, handle.task_id, {key: {"action": "accept",
+                                                                  "content": {"approved": True, "note": "go"}}})  # fmt: skip
+        return handle, blocking, asked, key, await until(client.session, handle.task_id, TERMINAL)
+
+    handle, blocking, asked, key, ended = _session(api_stack.url, api_stack.key, work)
+    child = api_stack.until(handle.task_id, lambda v: True)["children"]["task_ids"][0]
+    assert key.startswith(f"approval-{child}.") and "Child ship it?" in asked.input_requests[key]["params"]["message"]
+    told = blocking.structured_content["next"] or ""
+    assert blocking.structured_content["status"] == "waiting" and not blocking.is_error, blocking.structured_content
+    assert (
+        f"waiting for its sub-agent {child}" in told and "Child ship it?" in told and f"agentq approve {child}" in told
+    )
+    assert ended.status == "completed" and ended.result["structuredContent"]["result"] == "merged", ended
+    status, page, _ = api_stack.http("GET", f"/tasks/{child}/events?limit=200")
+    assert status == 200
+    decided = [e["data"] for e in page["events"] if e["type"] == "approval.decided"]
+    assert [(d["approved"], d.get("note")) for d in decided] == [(True, "go")], decided
+
+
+def test_the_walk_for_sub_agents_approvals_goes_down_waiting_sub_agents_and_is_bounded(
+    api_stack: ApiStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grandchild's approval (below a child waiting for it) is the root's to ask too. The walk
+    of a tree is bounded (``api.mcp_asks``: reads, and approvals asked at once): what it stopped
+    before is said in the status message and asked once what it found is decided."""
+    from agentq.api import mcp_asks
+
+    monkeypatch.setattr(mcp_asks, "MAX_ASKED", 1)
+    name = _fanning_out(api_stack, [_asking("First?"), _asking("Middle?", spawns=[_asking("Deep?")])])
+
+    async def asked_other_than(client: Any, task_id: str, seen: set[str]) -> Any:
+        with anyio.fail_after(60):
+            while True:
+                state = await get_task(client.session, task_id)
+                if state.status != "working" and set(state.input_requests or {}) - seen:
+                    return state
+                await anyio.sleep(0.5)
+
+    async def work(client: Any) -> Any:
+        handle = await _handle(client, name, {"goal": "fan out deep"})
+        # The first child paused, the middle one waiting for its own (asking) child.
+        api_stack.until(handle.task_id, lambda v: (v.get("children") or {}).get("by_status") == {"paused": 1,
+                                                                                                   "waiting": 1})  # fmt: skip
+        asked: list[tuple[str, str, str | None]] = []
+        seen: set[str] = set()
+        for _ in range(3):
+            state = await asked_other_than(client, handle.task_id, seen)
+            (key,) = state.input_requests or {}
+            seen.add(key)
+            asked.append((key, state.input_requests[key]["params"]["message"], state.status_message))
+            await update_task(
+                client.session, handle.task_id, {key: {"action": "accept", "content": {"approved": True}}}
+            )
+        return asked, await until(client.session, handle.task_id, TERMINAL)
+
+    asked, ended = _session(api_stack.url, api_stack.key, work)
+    questions = [message.split("\n")[0] for _, message, _ in asked]
+    assert sorted(questions) == ["Deep?", "First?", "Middle?"], asked
+    assert all(len(key.split(".")) == 2 for key, _, _ in asked)  # approval-<task id>.<tool use id>
+    assert "not read whole" in (asked[0][2] or ""), asked[0]
+    assert ended.status == "completed" and ended.result["structuredContent"]["result"] == "merged", ended
+
+
 def test_an_interrupted_task_is_input_required_and_tasks_update_sends_its_message_once(api_stack: ApiStack) -> None:
     # The first turn outlasts the interrupt sent once the task is seen running, also on a loaded machine.
     name = _agent(api_stack, [{"text": "first", "latency_seconds": 10.0}, {"text": "after the message"}])

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from agentq.api.mcp_asks import approvals
 from agentq.api.views import task_result
 from agentq.control.conversations import send_message
 from agentq.control.operations import owned_task
@@ -19,10 +20,12 @@ from agentq.core.call_keys import is_cap_approval
 from agentq.core.endusers import Caller
 from agentq.core.errors import TaskNotFound
 from agentq.core.models import Task, TaskStatus
+from agentq.core.records import ApprovalRecord
 
 STATUS_TOOL = "agentq_task"
 MESSAGE_TOOL = "agentq_message"
 POLL_SECONDS = 0.2
+LOOK_SECONDS = 2.0  # how often a blocking call walks a waiting task's tree for a paused sub-agent
 
 
 class Outcome(BaseModel):
@@ -58,7 +61,7 @@ def seen(deps: Any, caller: Caller, task_id: str) -> Task:
 
 def check(deps: Any, caller: Caller, task_id: str, seconds: float) -> Outcome:
     """``agentq_task``: the task once it stopped, or as it is after ``seconds``."""
-    return outcome(deps, wait(deps, seen(deps, caller, task_id), seconds))
+    return outcome(deps, wait(deps, seen(deps, caller, task_id), seconds, caller=caller), caller)
 
 
 def message(deps: Any, caller: Caller, task_id: str, text: str, key: str | None, seconds: float) -> Outcome:
@@ -67,14 +70,22 @@ def message(deps: Any, caller: Caller, task_id: str, text: str, key: str | None,
     accepted = send_message(deps.store, deps.queues, task_id, text, tenant=caller.tenant, idempotency_key=key)
     task = deps.store.tasks.get(task_id)
     # Not before the message is in the conversation: the task's status may still be the answer before it.
-    return outcome(deps, wait(deps, task, seconds, heard=accepted.message.seq))
+    return outcome(deps, wait(deps, task, seconds, heard=accepted.message.seq, caller=caller), caller)
 
 
-def wait(deps: Any, task: Task, seconds: float, heard: int = 0) -> Task:
+def wait(deps: Any, task: Task, seconds: float, heard: int = 0, caller: Caller | None = None) -> Task:
     """The task once it has stopped (ended, or ``idle`` waiting for a message) with the first
-    ``heard`` messages delivered, or as it is after ``seconds``."""
+    ``heard`` messages delivered, or as it is after ``seconds``. A task waiting for sub-agents
+    of which one is paused for a person (as ``caller`` sees them) has stopped too: waiting would
+    not bring its answer. Its tree is walked (``api.mcp_asks``, bounded) every ``LOOK_SECONDS``,
+    not at each poll."""
     deadline = time.monotonic() + seconds
+    looked = 0.0
     while not _stopped(task, heard) and time.monotonic() < deadline:
+        if caller is not None and task.status is TaskStatus.WAITING and time.monotonic() - looked >= LOOK_SECONDS:
+            looked = time.monotonic()
+            if approvals(deps.store, task, caller).asked:
+                break
         time.sleep(POLL_SECONDS)
         task = deps.store.tasks.get(task.task_id)
     return task
@@ -88,7 +99,9 @@ def _stopped(task: Task, heard: int) -> bool:
     return (task.status.terminal or task.status is TaskStatus.IDLE) and task.messages_delivered >= heard
 
 
-def outcome(deps: Any, task: Task) -> Outcome:
+def outcome(deps: Any, task: Task, caller: Caller) -> Outcome:
+    """What a tool answers of the task as it is; a waiting one's sub-agents paused for a person
+    (as ``caller`` sees them: ``api.mcp_asks``) are what it waits on, said as its own pause is."""
     if task.status is TaskStatus.PAUSED:
         return Outcome(task_id=task.task_id, status=task.status.value, next=_paused(deps, task))
     if task.status is TaskStatus.IDLE:
@@ -97,6 +110,14 @@ def outcome(deps: Any, task: Task) -> Outcome:
             status=task.status.value,
             next=f"interrupted, waiting for a message: call {MESSAGE_TOOL} with this task_id to go on",
         )
+    if task.status is TaskStatus.WAITING:
+        asked = approvals(deps.store, task, caller).asked
+        if asked:
+            child, more = asked[0].task, len(asked) - 1
+            also = f" ({more} more of its sub-agents wait for a person too)" if more else ""
+            said = _paused_text(child, asked[0].pending)
+            return Outcome(task_id=task.task_id, status=task.status.value,
+                           next=f"waiting for its sub-agent {child.task_id}{also}, which is {said}")  # fmt: skip
     if not task.status.terminal:
         return Outcome(
             task_id=task.task_id,
@@ -109,10 +130,13 @@ def outcome(deps: Any, task: Task) -> Outcome:
 
 
 def _paused(deps: Any, task: Task) -> str:
+    return _paused_text(task, deps.store.approvals.pending(task.task_id))
+
+
+def _paused_text(task: Task, pending: ApprovalRecord | None) -> str:
     """What a paused task waits for and who can act on it. Only a person decides (the model
     calling these tools is never trusted to approve its own agent's request: no tool here
     decides, and a message to the task is not a decision)."""
-    pending = deps.store.approvals.pending(task.task_id)
     if pending is None:  # asked and decided meanwhile, or its request not written yet
         what = "paused, waiting for a person's decision"
     elif is_cap_approval(pending.use_id):  # a budget pause: a cap's soft threshold (core.caps.approval_id)

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agentq import __version__
 from agentq.api import mcp_tasks
 from agentq.api.errors import describe_validation_error
+from agentq.api.mcp_asks import approvals
 from agentq.api.mcp_outcomes import (
     MESSAGE_TOOL,
     STATUS_TOOL,
@@ -51,7 +52,7 @@ from agentq.control.submit import parse_submission, request_hashes, submit_once
 from agentq.core.agents import NAME_PATTERN
 from agentq.core.endusers import Caller
 from agentq.core.errors import AgentqError, IdempotencyConflict, TaskNotFound
-from agentq.core.models import MAX_GOAL_CHARS, MAX_MESSAGE_CHARS, MAX_TIMEOUT_SECONDS, Task, TaskStatus
+from agentq.core.models import MAX_GOAL_CHARS, MAX_MESSAGE_CHARS, MAX_TIMEOUT_SECONDS, Task
 from agentq.core.models.submission import EndUser
 from agentq.storage.agents import AgentNotFound
 
@@ -239,9 +240,10 @@ def add_task_methods(server: Any, deps: McpDeps) -> None:
 
     def read(caller: Caller, task_id: str) -> dict[str, Any]:
         task = owned(caller, task_id)
-        pending = deps.store.approvals.pending(task_id) if task.status is TaskStatus.PAUSED else None
-        result = tool_result(outcome(deps, task)).model_dump(by_alias=True, mode="json", exclude_none=True)
-        return mcp_tasks.detailed(task, pending, result, user=caller.user)
+        result: dict[str, Any] = {}
+        if task.status.terminal:  # else no result: the answer shows what it waits on (mcp_tasks.detailed)
+            result = tool_result(outcome(deps, task, caller)).model_dump(by_alias=True, mode="json", exclude_none=True)
+        return mcp_tasks.detailed(task, approvals(deps.store, task, caller), result, user=caller.user)
 
     @guarded("tasks/get")
     async def get_task(ctx: Any, params: Any) -> Any:
@@ -330,7 +332,7 @@ def _has_agent(deps: McpDeps, caller: Caller, name: str) -> bool:
 
 
 def _run_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> Outcome:
-    return outcome(deps, wait(deps, _start_agent(deps, caller, agent, call), call.wait_seconds))
+    return outcome(deps, wait(deps, _start_agent(deps, caller, agent, call), call.wait_seconds, caller=caller), caller)
 
 
 def _start_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> Task:

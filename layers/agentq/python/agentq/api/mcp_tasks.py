@@ -10,12 +10,15 @@ one, another Lambda instance: the server keeps nothing between requests), and wh
 to a worker the task is agentq's durable task (resumed by another worker, run once). The task's
 state is read from the store at each request and mapped (``detailed``):
 
-- queued, blocked, running, waiting: ``working``;
+- queued, blocked, running: ``working``; waiting: ``working`` too, unless a sub-agent below it
+  waits on an approval (next);
 - paused for an approval (a vault credential's too): ``input_required``, its ``inputRequests``
   one form elicitation keyed ``approval-<tool use id>`` (``approved``, ``note``), the decision;
-  to an end user's token, an approval only the tenant decides is no input it can give: the task
-  is ``working`` ("waiting for the tenant's approval"), and an answer to it is ``-32602`` naming
-  why, nothing decided;
+  waiting for sub-agents of which some are paused for one: ``input_required``, one elicitation
+  keyed ``approval-<sub-agent's task id>.<tool use id>`` each, decided on that sub-agent
+  (``api.mcp_asks``: the walk of the tree, bounded); to an end user's token, an approval only
+  the tenant decides is no input it can give: the task is ``working`` ("waiting for the
+  tenant's approval"), and an answer to it is ``-32602`` naming why, nothing decided;
 - idle (interrupted): ``input_required``, a form elicitation keyed ``message-<n>`` (``text``),
   the message it takes to go on;
 - succeeded: ``completed``, ``result`` the ``CallToolResult`` the blocking call answers;
@@ -23,10 +26,10 @@ state is read from the store at each request and mapped (``detailed``):
   keeps ``failed`` for JSON-RPC errors; an agent's failure is a tool's error, as when blocking);
 - cancelled: ``cancelled``.
 
-Keys of ``inputRequests`` are never reused in a task's life (a tool use's id; the count of
-messages delivered when it went idle), and an answer to a key that is no longer outstanding is
-ignored, as the spec asks: a repeated ``tasks/update`` decides once (its message is sent under
-an idempotency key made of the task and the key).
+Keys of ``inputRequests`` are never reused in a task's life (a tool use's id, a sub-agent's
+with its task id; the count of messages delivered when it went idle), and an answer to a key
+that is no longer outstanding is ignored, as the spec asks: a repeated ``tasks/update`` decides
+once (its message is sent under an idempotency key made of the task and the key).
 
 A client that does not declare the extension on the request (every client of the 2025-11-25
 handshake: the extension is not defined there) gets the blocking answer from ``tools/call`` and
@@ -46,11 +49,11 @@ from typing import Any
 
 from pydantic import Field
 
+from agentq.api.mcp_asks import Asked, Asks, approvals
 from agentq.api.models import MAX_NOTE_CHARS
 from agentq.core.endusers import NotTheApprover
 from agentq.core.errors import IllegalTransition
 from agentq.core.models import MAX_MESSAGE_CHARS, Task, TaskStatus
-from agentq.core.records import ApprovalRecord
 
 EXTENSION = "io.modelcontextprotocol/tasks"
 CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
@@ -58,7 +61,8 @@ POLL_INTERVAL_MS = 1000
 MISSING_CAPABILITY = -32021
 INVALID_PARAMS = -32602
 TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
-_WORKING = frozenset({TaskStatus.QUEUED, TaskStatus.BLOCKED, TaskStatus.RUNNING, TaskStatus.WAITING})
+# What is "working" unless it waits on an approval the caller may decide (``detailed``).
+_WORKING = frozenset({TaskStatus.QUEUED, TaskStatus.BLOCKED, TaskStatus.RUNNING, TaskStatus.WAITING, TaskStatus.PAUSED})
 
 
 def declares_tasks(meta: Any, protocol_version: str | None) -> bool:
@@ -172,27 +176,32 @@ def handle(task: Task) -> dict[str, Any]:
     return {"resultType": "task", **_base(task, "working", f"agentq task {task.status.value}")}
 
 
-def input_requests(task: Task, pending: ApprovalRecord | None, user: str | None = None) -> dict[str, Any]:
-    """What a paused or interrupted task asks, as the extension's ``inputRequests`` (form
-    elicitations, keyed so that a key is never reused in the task's life). ``user``: the
-    caller's end user (a token's): an approval only the tenant decides asks it nothing."""
-    if task.status is TaskStatus.PAUSED and pending is not None and not pending.may_decide(user):
-        return {}
-    if task.status is TaskStatus.PAUSED and pending is not None:
-        ask = pending.question
-        if pending.credential:
-            name, host = pending.credential.get("name", ""), pending.credential.get("host", "")
-            ask = f"{ask}\n\nAdd the credential {name!r} (for {host}) to the vault, then approve to go on."
-        schema = {
-            "type": "object",
-            "properties": {
-                "approved": {"type": "boolean", "title": "Approve", "description": "approve the request"},
-                "note": {"type": "string", "title": "Note", "description": "a note the agent reads"},
-            },
-            "required": ["approved"],
-        }
-        form = {"mode": "form", "message": ask, "requestedSchema": schema}
-        return {f"approval-{pending.use_id}": {"method": "elicitation/create", "params": form}}
+def _approval_form(asked: Asked) -> dict[str, Any]:
+    """An approval as a form elicitation: its question (a sub-agent's says whose), and the
+    decision's schema."""
+    pending = asked.pending
+    ask = pending.question
+    if pending.credential:
+        name, host = pending.credential.get("name", ""), pending.credential.get("host", "")
+        ask = f"{ask}\n\nAdd the credential {name!r} (for {host}) to the vault, then approve to go on."
+    if asked.below:
+        ask = f"{ask}\n\n(asked by sub-agent {asked.task.task_id} of this task, which waits for it)"
+    schema = {
+        "type": "object",
+        "properties": {
+            "approved": {"type": "boolean", "title": "Approve", "description": "approve the request"},
+            "note": {"type": "string", "title": "Note", "description": "a note the agent reads"},
+        },
+        "required": ["approved"],
+    }
+    return {"method": "elicitation/create", "params": {"mode": "form", "message": ask, "requestedSchema": schema}}
+
+
+def input_requests(task: Task, asks: Asks, user: str | None = None) -> dict[str, Any]:
+    """What a paused, waiting or interrupted task asks, as the extension's ``inputRequests``
+    (form elicitations, keyed so that a key is never reused in the task's life): the approvals
+    it waits on (``api.mcp_asks``: its own, or its sub-agents') that ``user``, the caller's
+    end user (a token's), may decide; an interrupted task's next message."""
     if task.status is TaskStatus.IDLE:
         schema = {
             "type": "object",
@@ -201,24 +210,34 @@ def input_requests(task: Task, pending: ApprovalRecord | None, user: str | None 
         }
         form = {"mode": "form", "message": "Interrupted: send a message to go on.", "requestedSchema": schema}
         return {f"message-{task.messages_delivered}": {"method": "elicitation/create", "params": form}}
-    return {}
+    return {asked.key: _approval_form(asked) for asked in asks.decidable(user)}
 
 
-def detailed(
-    task: Task, pending: ApprovalRecord | None, result: dict[str, Any], user: str | None = None
-) -> dict[str, Any]:
-    """The extension's ``DetailedTask`` of an agentq task (``tasks/get``'s answer); ``result``:
-    the ``CallToolResult`` of the task as it is (read only once it ended). ``user``: the
-    caller's end user (a token's), to whom an approval only the tenant decides is no input it
-    can give: the task is ``working``, waiting for the tenant."""
-    if task.status in _WORKING or (task.status is TaskStatus.PAUSED and pending is None):
+def detailed(task: Task, asks: Asks, result: dict[str, Any], user: str | None = None) -> dict[str, Any]:
+    """The extension's ``DetailedTask`` of an agentq task (``tasks/get``'s answer); ``asks``:
+    the approvals it waits on (``api.mcp_asks.approvals``); ``result``: the ``CallToolResult``
+    of the task as it is (read only once it ended). ``user``: the caller's end user (a
+    token's), to whom an approval only the tenant decides is no input it can give: the task is
+    ``working``, waiting for the tenant."""
+    if task.status in (TaskStatus.PAUSED, TaskStatus.WAITING):
+        mine = asks.decidable(user)
+        if mine:
+            what = "waiting for approval"
+            if any(a.below for a in mine):
+                what = f"waiting for approval of {len(mine)} request(s) of its sub-agents"
+            if asks.cut:
+                what += " (its tree was not read whole: more may show once these are decided)"
+            return {**_base(task, "input_required", what), "inputRequests": input_requests(task, asks, user)}
+        if asks.asked:
+            first = asks.asked[0]
+            whose = f" of sub-agent {first.task.task_id}" if first.below else ""
+            return _base(task, "working",
+                         f"waiting for the tenant's approval{whose} (its API key decides): {first.pending.question}")  # fmt: skip
+    if task.status in _WORKING:
         return _base(task, "working", f"agentq task {task.status.value}")
-    if task.status is TaskStatus.PAUSED and pending is not None and not pending.may_decide(user):
-        return _base(task, "working", f"waiting for the tenant's approval (its API key decides): {pending.question}")
-    if task.status in (TaskStatus.PAUSED, TaskStatus.IDLE):
-        asked = input_requests(task, pending)
-        what = "waiting for approval" if task.status is TaskStatus.PAUSED else "interrupted, waiting for a message"
-        return {**_base(task, "input_required", what), "inputRequests": asked}
+    if task.status is TaskStatus.IDLE:
+        asked = input_requests(task, asks)
+        return {**_base(task, "input_required", "interrupted, waiting for a message"), "inputRequests": asked}
     if task.status is TaskStatus.CANCELLED:
         return _base(task, "cancelled", str((task.error or {}).get("message") or "cancelled"))
     return {**_base(task, "completed", f"agentq task {task.status.value}"), "result": result}
@@ -232,14 +251,18 @@ def message_key(task_id: str, key: str) -> str:
 
 def answer(deps: Any, caller: Any, task: Task, responses: dict[str, dict[str, Any]]) -> None:
     """Apply a ``tasks/update``'s ``inputResponses`` to what the task asks now; an answer to a
-    key that is not outstanding (never asked, answered already, superseded) is ignored."""
+    key that is not outstanding (never asked, answered already, superseded) is ignored. An
+    approval of a sub-agent is decided on that sub-agent: its key is one the walk of this
+    task's tree found now (``api.mcp_asks``), so it is of this tree and the caller may see it."""
     from agentq.control import operations
     from agentq.control.conversations import send_message
 
-    pending = deps.store.approvals.pending(task.task_id) if task.status is TaskStatus.PAUSED else None
-    if pending is not None and f"approval-{pending.use_id}" in responses and not pending.may_decide(caller.user):
-        raise invalid(NotTheApprover(task.task_id, pending.use_id, caller.user).message)  # refused, not ignored
-    for key in input_requests(task, pending, caller.user):
+    asks = approvals(deps.store, task, caller)
+    for asked in asks.asked:
+        if asked.key in responses and not asked.pending.may_decide(caller.user):  # refused, not ignored
+            raise invalid(NotTheApprover(asked.task.task_id, asked.pending.use_id, caller.user).message)
+    held = {asked.key: asked for asked in asks.decidable(caller.user)}
+    for key in input_requests(task, asks, caller.user):
         response = responses.get(key)
         if not isinstance(response, dict):
             continue
@@ -247,16 +270,17 @@ def answer(deps: Any, caller: Any, task: Task, responses: dict[str, dict[str, An
         content = content if isinstance(content, dict) else {}
         where = f"inputResponses.{key}.content"
         try:
-            if key.startswith("approval-") and action in ("accept", "decline"):
+            if key in held and action in ("accept", "decline"):
                 note = content.get("note", "")
                 if not isinstance(note, str) or len(note) > MAX_NOTE_CHARS:
                     raise invalid(f"{where}.note: a string of at most {MAX_NOTE_CHARS:,} characters")
                 approved = action == "accept" and content.get("approved") is True
                 # The key names the call: decided meanwhile, and the next one held, this answer
                 # is not that call's (IllegalTransition: no longer outstanding, below).
-                operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
+                asked = held[key]
+                operations.decide(deps.store, deps.queues, asked.task.task_id, approved=approved, note=note,
                                   by=caller.tenant, by_user=caller.user, tenant=task.tenant,
-                                  tool_use_id=key.removeprefix("approval-"))  # fmt: skip
+                                  tool_use_id=asked.pending.use_id)  # fmt: skip
             elif key.startswith("message-") and action == "accept":
                 text = content.get("text")
                 if not isinstance(text, str) or not 0 < len(text) <= MAX_MESSAGE_CHARS:
