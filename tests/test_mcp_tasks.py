@@ -19,6 +19,7 @@ from tests.api_support import ApiStack
 from tests.helpers import call as tool_call
 from tests.mcp_tasks_client import TERMINAL, AgentqTasks, cancel_task, get_task, until, update_task
 
+MESSAGE_TOOL = "agentq_message"
 APPROVAL_TURNS: list[dict[str, Any]] = [
     {"text": "", "tool_calls": [tool_call("request_approval", question="Ship it?")]},
     {"text": "shipped"},
@@ -76,6 +77,58 @@ def test_a_declaring_client_gets_the_agentq_task_id_as_its_handle_and_tasks_get_
     assert ended.result["structuredContent"]["result"] == "slow answer"
     assert ended.result["content"][0]["text"] == "slow answer" and ended.result.get("isError") is False
     assert again.result == ended.result  # read again, the same result
+
+
+@pytest.mark.parametrize("how", ["agentq_message", "POST /tasks/{id}/messages"])
+def test_a_completed_mcp_task_stays_completed_with_its_result_after_a_follow_up(api_stack: ApiStack, how: str) -> None:
+    """SEP-2663: completed, failed and cancelled are terminal (the state machine has no edge out
+    of them) and ``result`` is what the original tools/call would have returned. A follow-up
+    reopens the agentq task (its conversation goes on), and tasks/get on the handle went back to
+    ``working`` and then answered the follow-up's answer. Now the handle keeps its first end,
+    and a tasks/cancel of it, acknowledged as for any ended task, does not cancel the follow-up."""
+    name = _agent(api_stack, [{"text": "first"}, {"text": "second", "latency_seconds": 3.0}])
+
+    async def work(client: Any) -> Any:
+        handle = await _handle(client, name, {"goal": "talk"})
+        ended = await until(client.session, handle.task_id, TERMINAL)
+        if how == "agentq_message":
+            await client.call_tool(MESSAGE_TOOL, {"task_id": handle.task_id, "text": "and then?", "wait_seconds": 0})
+        else:
+            assert api_stack.http("POST", f"/tasks/{handle.task_id}/messages", {"text": "and then?"})[0] == 202
+        during = await get_task(client.session, handle.task_id)
+        await cancel_task(client.session, handle.task_id)
+        followed = api_stack.until(handle.task_id, lambda v: v["status"] in ("succeeded", "failed", "cancelled"))
+        return ended, during, followed, await get_task(client.session, handle.task_id)
+
+    ended, during, followed, later = _session(api_stack.url, api_stack.key, work)
+    assert ended.status == "completed" and ended.result["structuredContent"]["result"] == "first", ended
+    assert followed["status"] == "succeeded", followed  # the follow-up ran on, not cancelled
+    status, answer, _ = api_stack.http("GET", f"/tasks/{ended.task_id}/result")
+    assert status == 200 and answer["result"] == "second"
+    for state in (during, later):
+        assert (state.status, state.result) == ("completed", ended.result), (state.status, state.status_message)
+
+
+def test_a_cost_exceeded_mcp_task_keeps_its_end_after_a_raised_budget_resumes_it(api_stack: ApiStack) -> None:
+    """The other ways out of an end (a raised budget here; a redrive goes the same way): the
+    handle's result stays the error the tools/call ended with, while the task runs on to its
+    answer."""
+    turns = [{"text": f"turn {i}", "tool_calls": [tool_call("lookup", query=str(i), size=1500)]} for i in range(4)]
+    name = _agent(api_stack, [*turns, {"text": "end"}], tools=["lookup"], constraints={"max_output_tokens": 200})
+
+    async def work(client: Any) -> Any:
+        handle = await _handle(client, name, {"goal": "look", "constraints": {"max_tokens": 3000}})
+        ended = await until(client.session, handle.task_id, TERMINAL)
+        raised = api_stack.http("POST", f"/tasks/{handle.task_id}/budget", {"add_tokens": 100_000, "add_steps": 5})
+        assert raised[0] == 200, raised
+        followed = api_stack.until(handle.task_id, lambda v: v["status"] in ("succeeded", "failed", "cost_exceeded"))
+        return ended, followed, await get_task(client.session, handle.task_id)
+
+    ended, followed, later = _session(api_stack.url, api_stack.key, work)
+    assert ended.status == "completed" and ended.result["isError"], ended
+    assert ended.result["structuredContent"]["status"] == "cost_exceeded", ended.result
+    assert followed["status"] == "succeeded", followed
+    assert (later.status, later.result) == ("completed", ended.result), later
 
 
 def test_a_finished_task_reports_the_ttl_after_which_its_retention_deletes_it(api_stack: ApiStack) -> None:

@@ -162,6 +162,33 @@ def test_a_large_result_goes_to_the_payload_store_and_reads_back(backend: Storag
     assert backend.tasks.get(lease.task_id).result == big
 
 
+@pytest.mark.parametrize("size", [10, 100_000])  # inline, and in the payload store
+def test_the_first_end_a_task_leaves_is_kept_and_no_later_end_replaces_it(backend: Storage, size: int) -> None:
+    """The write that first reopens an ended task (a follow-up message here, then a redrive: a
+    reopening transition) keeps the end it leaves (``FIRSTEND``: what an MCP task handle answers
+    from then on), and none that reopens a later end replaces it."""
+    first, second = "1" * size, "2" * size
+    lease = claimed(backend)
+    task_id = lease.task_id
+    backend.tasks.transition(task_id, TaskStatus.SUCCEEDED, lease=lease, result=first)
+    ended = backend.tasks.get(task_id)
+    assert ended.first_ended_at is None and backend.tasks.first_end(ended) is None  # never reopened
+    backend.messages.accept(task_id, "and then?")
+    for status, error in ((TaskStatus.FAILED, {"code": "x", "message": "boom"}), (TaskStatus.SUCCEEDED, None)):
+        got = backend.tasks.claim(task_id, "w2", 30)
+        assert got is not None
+        backend.tasks.transition(task_id, status, lease=got[0], result=second, error=error)
+        if status is TaskStatus.FAILED:
+            backend.tasks.transition(task_id, TaskStatus.QUEUED, error=None, reopen=True)  # a redrive
+        else:
+            backend.messages.accept(task_id, "and then again?")
+        task = backend.tasks.get(task_id)
+        kept = backend.tasks.first_end(task)
+        assert task.first_ended_at == ended.finished_at and task.result == second
+        assert kept is not None and (kept.status, kept.result, kept.error) == (TaskStatus.SUCCEEDED, first, None)
+        assert kept.finished_at == ended.finished_at
+
+
 def test_an_idempotency_key_creates_one_task_and_refuses_another_body(backend: Storage) -> None:
     sub = scripted([{"text": "x"}])
     first, created = backend.tasks.create_idempotent(sub, tenant="t", key="k", request_hash="h1")

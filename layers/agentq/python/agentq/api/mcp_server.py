@@ -233,10 +233,16 @@ def add_task_methods(server: Any, deps: McpDeps) -> None:
     server.extensions[mcp_tasks.EXTENSION] = {}
 
     def owned(caller: Caller, task_id: str) -> Task:
+        """The task as its handle shows it: as it first ended, once a follow-up, a redrive or a
+        raised budget reopened it (``TaskItems.first_end``), since the extension's completed,
+        failed and cancelled have no way out and ``result`` is what the tools/call answered;
+        the conversation goes on for agentq_message, agentq_task and the REST API, not for
+        the handle (nothing asked, nothing cancelled of the run after it). Else as it is."""
         try:
-            return seen(deps, caller, task_id)
+            task = seen(deps, caller, task_id)
         except TaskNotFound:
             raise mcp_tasks.not_found(task_id) from None
+        return deps.store.tasks.first_end(task) or task
 
     def read(caller: Caller, task_id: str) -> dict[str, Any]:
         task = owned(caller, task_id)

@@ -24,7 +24,10 @@ state is read from the store at each request and mapped (``detailed``):
 - succeeded: ``completed``, ``result`` the ``CallToolResult`` the blocking call answers;
 - failed, timed out, over budget: ``completed`` with that result's ``isError: true`` (the spec
   keeps ``failed`` for JSON-RPC errors; an agent's failure is a tool's error, as when blocking);
-- cancelled: ``cancelled``.
+- cancelled: ``cancelled``;
+- reopened after it ended (a follow-up, a redrive, a raised budget): as it first ended, for good
+  (``TaskItems.first_end``, read by ``api.mcp_server``): the extension's terminal states have no
+  way out, and ``result`` is what the tools/call would have answered.
 
 Keys of ``inputRequests`` are never reused in a task's life (a tool use's id, a sub-agent's
 with its task id; the count of messages delivered when it went idle), and an answer to a key

@@ -29,6 +29,7 @@ CLAIM = "CLAIM#"
 EVENT = "EVENT#"  # a task's logged event (storage/events.py), numbered by META's seq
 DEPENDENT = "DEPENDENT#"  # in a task's partition: a task that waits for it (depends_on)
 SUBMISSION = "META#SUBMISSION"  # sorts right after META: one Query reads both
+FIRST_END = "FIRSTEND"  # a task's first end, kept when it was reopened (storage/task_items.first_end_writes)
 RETRY = "META#RETRY"  # the latest retry (RetryState): read by the same Query
 LIMITS = "LIMITS"
 HOUR = "HOUR#"

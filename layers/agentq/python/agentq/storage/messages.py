@@ -18,7 +18,8 @@ Where the message goes depends on the task's status when it is accepted, in the 
   costs no read: none when nothing waits.
 - ``succeeded`` or ``idle`` (answered, or interrupted): a follow-up. The same write moves the
   task back to ``queued`` (the caller then sends its queue message), and the run that claims it
-  delivers the message and goes on from the conversation as it was.
+  delivers the message and goes on from the conversation as it was. The first such write out
+  of an end keeps that end (``task_items.first_end_writes``: what an MCP task handle answers).
 - ``failed``, ``cancelled``, ``timed_out``, ``failed_outcome``, ``cost_exceeded``: refused, with the reason.
   A ``cost_exceeded`` task takes a message that raises its budget (``BudgetRaise``): a follow-up.
 
@@ -76,7 +77,15 @@ from agentq.storage.table import (
     plain,
     present,
 )
-from agentq.storage.task_items import TaskItems, live_keys, merged, read_submission, reopening, same_submission
+from agentq.storage.task_items import (
+    TaskItems,
+    first_end_writes,
+    live_keys,
+    merged,
+    read_submission,
+    reopening,
+    same_submission,
+)
 
 MESSAGE = "MSG#"
 MESSAGE_KEY = "MSGKEY#"
@@ -210,8 +219,11 @@ class Messages:
             now = time.time()
             message = UserMessage(message_id=uuid.uuid4().hex, seq=received + 1, text=text, sent_at=now)
             interrupting = double_texting == "interrupt" and status is TaskStatus.RUNNING
+            write = self._meta_write(task_id, status, received, now, interrupting, reopens, raised)
+            kept, first_end = first_end_writes(task_id, meta) if reopens else (Update(), [])
             actions: list[Patch | Put] = [
-                self._meta_write(task_id, status, received, now, interrupting, reopens, raised),
+                Patch(write.name, write.key, merged(write.update, kept), write.condition),
+                *first_end,
                 Put(
                     "message",
                     {

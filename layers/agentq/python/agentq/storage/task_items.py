@@ -20,7 +20,7 @@ from agentq.resources import LIVE_SHARDS
 from agentq.storage import keys
 from agentq.storage.budget_items import lapsed_holds
 from agentq.storage.serdes import Payloads
-from agentq.storage.table import Item, Table, Update, plain
+from agentq.storage.table import Item, Put, Table, Update, plain
 
 log = logging.getLogger("agentq.storage")
 
@@ -76,6 +76,24 @@ def reopening(now: float) -> Update:
         add={"invocation": 1},
         copy_from={"invocation_tokens_in": ("tokens_in", 0), "invocation_tokens_out": ("tokens_out", 0)},
     )
+
+
+def first_end_writes(task_id: str, meta: Item) -> tuple[Update, list[Put]]:
+    """What the write that reopens an ended task (a follow-up, a redrive, a raised budget) adds,
+    from META as it read it, when it is the first to: the end it leaves (status, result or its
+    S3 pointer, error, when) put as ``FIRSTEND``, and META's ``first_ended_at`` saying it is
+    kept, merged into the write's own update. Nothing for a task that is not at an end (an
+    interrupted one going on) or left one before. A task served as an MCP task handle answers
+    with that end from then on (``first_end``): the extension's terminal states have no way out.
+    A large result's pointer stays good: a later end is written by a later claim's epoch, under
+    a key of its own (``task_transitions._result_attrs``)."""
+    status = TaskStatus(str(meta.get("status")))
+    if not status.terminal or meta.get("first_ended_at") is not None:
+        return Update(), []
+    kept = {k: meta[k] for k in ("result", "result_ref", "error", "finished_at") if meta.get(k) is not None}
+    at = meta.get("finished_at") or meta.get("updated_at")
+    item = {**keys.item_key(task_id, keys.FIRST_END), "status": status.value, **kept}
+    return Update(set_if_absent={"first_ended_at": at}), [Put("first_end", item)]
 
 
 def merged(update: Update, extra: Update) -> Update:
@@ -170,6 +188,20 @@ class TaskItems:
             fields = {k: v for k, v in plain(retry).items() if k not in ("pk", "sk")}
             task = task.model_copy(update={"retry": RetryState.model_validate(fields)})
         return task
+
+    def first_end(self, task: Task) -> Task | None:
+        """``task`` as it first ended, before a write reopened it (``first_end_writes``); None
+        if it never left an end (or left it before the end was kept)."""
+        if task.first_ended_at is None:
+            return None
+        item = self.table.get(keys.item_key(task.task_id, keys.FIRST_END))
+        if item is None:
+            return None
+        data = plain(item)
+        result = self.payloads.decode({"ref": data["result_ref"]}) if "result_ref" in data else data.get("result")
+        at = data.get("finished_at")
+        ended = {"status": TaskStatus(data["status"]), "result": result, "error": data.get("error"), "finished_at": at}
+        return task.model_copy(update={**ended, "updated_at": at or task.updated_at})
 
     def get_many(self, task_ids: list[str], *, skip_unreadable: bool = False) -> list[Task]:
         """Many tasks (BatchGetItem), in the order asked; missing ones are left out, and with

@@ -51,7 +51,15 @@ from agentq.storage.table import (
     status_in,
     transact_leaving_out,
 )
-from agentq.storage.task_items import TaskItems, live_keys, merged, read_submission, reopening, same_submission
+from agentq.storage.task_items import (
+    TaskItems,
+    first_end_writes,
+    live_keys,
+    merged,
+    read_submission,
+    reopening,
+    same_submission,
+)
 
 REPLACE_ATTEMPTS = 20  # writers racing on one submission (raises, a move): each loss means another won
 REPLACE_BACKOFF_SECONDS = 0.02
@@ -101,11 +109,17 @@ class TaskTransitions(TaskItems):
         allowed, patch, event = self._move(task_id, to, now, lease=lease, result=result, error=error, extra=extra,
                                            reopen=reopen, expect=expect, delivered=delivered)  # fmt: skip
         leaves_terminal = any(src.terminal for src in allowed)
+        first_end: list[Put] = []
+        if reopen:  # the end it leaves is kept, from META as read (the write is pinned to that read)
+            read = read if read is not None else self.table.get(keys.meta_key(task_id))
+            if read is not None:
+                kept, first_end = first_end_writes(task_id, read)
+                patch = Patch(patch.name, patch.key, merged(patch.update, kept), patch.condition)
         try:
             meta = logged_transact(
                 self.table,
                 task_id,
-                [patch],
+                [patch, *first_end],
                 NewEvent("task.status", event),
                 read=read,
             )

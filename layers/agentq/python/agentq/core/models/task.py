@@ -119,6 +119,10 @@ class Task(BaseModel):
     # (the telemetry's ``invoke_agent`` span of each, ``observe/otel.py``). 0: from the submission.
     invocation: int = 0
     invoked_at: float | None = None
+    # When it first ended, set by the write that first reopened it (a follow-up, a redrive, a
+    # raised budget), which keeps that end (``FIRSTEND``: ``TaskItems.first_end``). None: it
+    # never left an end (or left it before this was kept).
+    first_ended_at: float | None = None
     invocation_tokens_in: int = 0
     invocation_tokens_out: int = 0
     # The invocation whose ``invoke_agent`` span was sent and flushed (written after the flush):
