@@ -9,8 +9,9 @@
 
 Every API error is raised as ``ApiError`` (``status``, ``code``, ``message``, ``field``), or one
 of its subclasses by status: ``InvalidRequest`` (400/413/415/422), ``AuthenticationError``
-(401/403), ``NotFound`` (404), ``Conflict`` (409), ``ServerError`` (5xx). An unreachable API
-raises ``ConnectionFailed``; a wait that runs out raises ``WaitTimeout``.
+(401/403), ``NotFound`` (404), ``Conflict`` (409), ``ServerError`` (5xx), or ``UnexpectedAnswer``
+(a 2xx that is not the route's answer: not JSON, or another shape). An unreachable API (or an
+answer cut short) raises ``ConnectionFailed``; a wait that runs out raises ``WaitTimeout``.
 
 ``submit`` sends an ``Idempotency-Key`` (a fresh one unless you pass yours), so the client can
 retry a submit whose answer was lost without creating a second task.
@@ -42,6 +43,7 @@ from agentq.api.http_client import ConnectionFailed as ConnectionFailed
 from agentq.api.http_client import InvalidRequest as InvalidRequest
 from agentq.api.http_client import NotFound as NotFound
 from agentq.api.http_client import ServerError as ServerError
+from agentq.api.http_client import UnexpectedAnswer as UnexpectedAnswer
 from agentq.api.http_client import WaitTimeout as WaitTimeout
 from agentq.api.http_client import _error_of as _error_of
 from agentq.api.http_client import _NotStreaming as _NotStreaming
@@ -137,13 +139,12 @@ class Client(AgentCalls):
             body = dict(submission or {})
         body.update(fields)
         key = idempotency_key or f"client-{uuid.uuid4().hex}"
-        data = self.request("POST", "/tasks", body, headers={"Idempotency-Key": key}, retry=True)
-        return TaskAccepted.model_validate(data)
+        return self.call(TaskAccepted, "POST", "/tasks", body, headers={"Idempotency-Key": key}, retry=True)
 
     # ------------------------------------------------------------ agents
 
     def create_schedule(self, spec: dict[str, Any]) -> ScheduleView:
-        return ScheduleView.model_validate(self.request("POST", "/schedules", spec, retry=True))
+        return self.call(ScheduleView, "POST", "/schedules", spec, retry=True)
 
     def list_schedules(self) -> list[ScheduleView]:
         """Every schedule, by name (following the pages: one holds at most 2 MB)."""
@@ -154,7 +155,7 @@ class Client(AgentCalls):
         return self._get(ScheduleView, f"/schedules/{_seg(name, 'name')}")
 
     def delete_schedule(self, name: str) -> ScheduleView:
-        return ScheduleView.model_validate(self.request("DELETE", f"/schedules/{_seg(name, 'name')}"))
+        return self.call(ScheduleView, "DELETE", f"/schedules/{_seg(name, 'name')}")
 
     def put_credential(
         self,
@@ -170,16 +171,13 @@ class Client(AgentCalls):
         """Write a credential to the vault (docs/VAULTS.md); the answer never holds its value."""
         body = {"value": value, "hosts": hosts, "kind": kind, "user": user, "header": header, "username": username}
         sent = {k: v for k, v in body.items() if v is not None}
-        return CredentialInfo.model_validate(
-            self.request("PUT", f"/vault/credentials/{_seg(name, 'name')}", sent, retry=True)
-        )
+        return self.call(CredentialInfo, "PUT", f"/vault/credentials/{_seg(name, 'name')}", sent, retry=True)
 
     def list_credentials(self, user: str | None = None) -> list[CredentialInfo]:
         return self._get(CredentialList, "/vault/credentials", user=user).credentials
 
     def delete_credential(self, name: str, user: str | None = None) -> CredentialInfo:
-        answer = self.request("DELETE", f"/vault/credentials/{_seg(name, 'name')}", query={"user": user})
-        return CredentialInfo.model_validate(answer)
+        return self.call(CredentialInfo, "DELETE", f"/vault/credentials/{_seg(name, 'name')}", query={"user": user})
 
     def webhook_secret(self) -> str:
         """This tenant's callback signing secret (``agentq.core.webhooks.verify`` checks with it)."""
@@ -336,7 +334,7 @@ class Client(AgentCalls):
         """Upload a tar or zip archive as starting files; the ``upload`` a submission's
         ``workspace.upload`` names (``POST /workspace-uploads``)."""
         body = {"archive_b64": base64.b64encode(archive).decode()}
-        answer = WorkspaceUploaded.model_validate(self.request("POST", "/workspace-uploads", body, retry=True))
+        answer = self.call(WorkspaceUploaded, "POST", "/workspace-uploads", body, retry=True)
         return answer.upload
 
     def file(self, task_id: str, path: str, *, step: int | None = None) -> bytes:
@@ -357,7 +355,7 @@ class Client(AgentCalls):
         return self._get(FileDiff, f"/tasks/{_seg(task_id)}/diff", steps=steps)
 
     def cancel(self, task_id: str) -> CancelResult:
-        return CancelResult.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/cancel"))
+        return self.call(CancelResult, "POST", f"/tasks/{_seg(task_id)}/cancel")
 
     def approve(self, task_id: str, note: str = "", tool_use_id: str | None = None) -> TaskView:
         """Approve the held call ``tool_use_id`` (the view's ``pending_tool_use_id``; ``Conflict``
@@ -369,7 +367,7 @@ class Client(AgentCalls):
 
     def _decide(self, verb: str, task_id: str, note: str, tool_use_id: str | None) -> TaskView:
         body: dict[str, Any] = {"note": note, **({"tool_use_id": tool_use_id} if tool_use_id is not None else {})}
-        return TaskView.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/{verb}", body))
+        return self.call(TaskView, "POST", f"/tasks/{_seg(task_id)}/{verb}", body)
 
     def raise_budget(
         self, task_id: str, add_tokens: int = 0, add_steps: int = 0, add_usd: Decimal | str | None = None
@@ -377,13 +375,13 @@ class Client(AgentCalls):
         body: dict[str, Any] = {"add_tokens": add_tokens, "add_steps": add_steps}
         if add_usd:
             body["add_usd"] = str(add_usd)
-        return TaskView.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/budget", body))
+        return self.call(TaskView, "POST", f"/tasks/{_seg(task_id)}/budget", body)
 
     def fork(self, task_id: str, at_step: int, **overrides: Any) -> TaskView:
         """A new task from ``task_id``'s steps 1..at_step; overrides: provider, model, script,
         system, constraints (a partial dict), priority, metadata. Returns the new task."""
         body = {"at_step": at_step, **{k: v for k, v in overrides.items() if v is not None}}
-        return TaskView.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/fork", body))
+        return self.call(TaskView, "POST", f"/tasks/{_seg(task_id)}/fork", body)
 
     # -------------------------------------------------------- conversation
 
@@ -403,10 +401,8 @@ class Client(AgentCalls):
         if add_usd:
             body["add_usd"] = str(add_usd)
         key = idempotency_key or f"client-{uuid.uuid4().hex}"
-        data = self.request(
-            "POST", f"/tasks/{_seg(task_id)}/messages", body, headers={"Idempotency-Key": key}, retry=True
-        )
-        return MessageAccepted.model_validate(data)
+        path = f"/tasks/{_seg(task_id)}/messages"
+        return self.call(MessageAccepted, "POST", path, body, headers={"Idempotency-Key": key}, retry=True)
 
     def messages(self, task_id: str) -> list[MessageView]:
         """Every message the task was sent, in the order it reads them (following the pages)."""
@@ -418,10 +414,10 @@ class Client(AgentCalls):
 
     def interrupt(self, task_id: str) -> InterruptResult:
         """Stop the agent at its earliest safe point; it waits ``idle`` for the next message."""
-        return InterruptResult.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/interrupt"))
+        return self.call(InterruptResult, "POST", f"/tasks/{_seg(task_id)}/interrupt")
 
     def close_conversation(self, task_id: str) -> CloseResult:
-        return CloseResult.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/close"))
+        return self.call(CloseResult, "POST", f"/tasks/{_seg(task_id)}/close")
 
     # ------------------------------------------------------------- waiting
 

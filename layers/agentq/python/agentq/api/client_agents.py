@@ -33,7 +33,7 @@ class AgentCalls(HttpClient):
         the same definition): an ``AgentSpec``, a dict of one, or its fields as keywords."""
         body = spec.model_dump(mode="json", exclude_none=True) if isinstance(spec, AgentSpec) else dict(spec or {})
         body.update(fields)
-        return AgentCreated.model_validate(self.request("POST", "/agents", body, retry=True))
+        return self.call(AgentCreated, "POST", "/agents", body, retry=True)
 
     def list_agents(self) -> list[AgentSummary]:
         return self._get(AgentList, "/agents").agents
@@ -67,7 +67,7 @@ class AgentCalls(HttpClient):
         body: dict[str, Any] = {"versions": targets}
         if online is not None:
             body["online"] = dict(online)
-        return AgentAlias.model_validate(self.request("PUT", path, body, retry=True))
+        return self.call(AgentAlias, "PUT", path, body, retry=True)
 
     def agent_quality(self, name: str, hours: int = 48) -> AgentQuality:
         """Each version's online grades (pass rate, cost) per hour over the last ``hours``."""
@@ -80,10 +80,8 @@ class AgentCalls(HttpClient):
         return self._get(AgentAlias, f"/agents/{_seg(name, 'name')}/aliases/{_seg(alias, 'alias')}")
 
     def delete_alias(self, name: str, alias: str) -> AgentAlias:
-        return AgentAlias.model_validate(
-            self.request("DELETE", f"/agents/{_seg(name, 'name')}/aliases/{_seg(alias, 'alias')}")
-        )
+        return self.call(AgentAlias, "DELETE", f"/agents/{_seg(name, 'name')}/aliases/{_seg(alias, 'alias')}")
 
     def move_task(self, task_id: str, version: int) -> TaskMoved:
         """Move an answered or idle task to ``version`` of its agent (its next run runs it)."""
-        return TaskMoved.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/agent", {"version": version}))
+        return self.call(TaskMoved, "POST", f"/tasks/{_seg(task_id)}/agent", {"version": version})

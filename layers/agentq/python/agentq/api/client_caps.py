@@ -13,9 +13,7 @@ from agentq.api.models.caps import CapList, CapView
 def put_cap(client: HttpClient, scope: str, name: str, limits: dict[str, Any]) -> CapView:
     """Replace the caps of one end user, agent or API key of the tenant; a None limit is left out."""
     sent = {k: v for k, v in limits.items() if v is not None}
-    return CapView.model_validate(
-        client.request("PUT", f"/caps/{_seg(scope, 'scope')}/{_seg(name, 'name')}", sent, retry=True)
-    )
+    return client.call(CapView, "PUT", f"/caps/{_seg(scope, 'scope')}/{_seg(name, 'name')}", sent, retry=True)
 
 
 def list_caps(client: HttpClient, scope: str | None = None) -> list[CapView]:
@@ -23,4 +21,4 @@ def list_caps(client: HttpClient, scope: str | None = None) -> list[CapView]:
 
 
 def delete_cap(client: HttpClient, scope: str, name: str) -> CapView:
-    return CapView.model_validate(client.request("DELETE", f"/caps/{_seg(scope, 'scope')}/{_seg(name, 'name')}"))
+    return client.call(CapView, "DELETE", f"/caps/{_seg(scope, 'scope')}/{_seg(name, 'name')}")

@@ -1,10 +1,15 @@
 """The HTTP underneath ``agentq.Client``: one API call with its retries (``request``), the
 server-sent event stream read a connection at a time (``_sse``), and the API's error answers as
-exceptions (``ApiError`` and a subclass per status). ``api.client`` adds the API's resources
-on top and re-exports every name here."""
+exceptions (``ApiError`` and a subclass per status). An answer that is not the API's (a 2xx
+whose body is not JSON, or JSON of another shape: a proxy's or a captive portal's page, another
+service or another version of the API at the URL) is ``UnexpectedAnswer`` naming the URL, and a
+body cut short is a connection that failed (``ConnectionFailed``, a GET retried first): never the
+JSON parser's, pydantic's or http.client's own exception. ``api.client`` adds the API's
+resources on top and re-exports every name here."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -16,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
+from pydantic import ValidationError as ShapeError
 
 from agentq.api.models import TaskEvent, TaskView
 from agentq.api.models.base import body_limit
@@ -64,6 +70,14 @@ class Conflict(ApiError):
 
 class ServerError(ApiError):
     """5xx."""
+
+
+class UnexpectedAnswer(ApiError):
+    """A 2xx whose body is not the answer the route gives: not JSON, or JSON of another shape (the
+    URL is not the API's, or serves another version of it). A retry would change nothing."""
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
 
 
 class _NotStreaming(Exception):
@@ -150,25 +164,54 @@ class HttpClient:
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                     raw = resp.read()
-                    if not decode:
-                        return raw
-                    return json.loads(raw) if raw else None
+                    status, ctype = resp.status, resp.headers.get("Content-Type") or ""
+                break
             except urllib.error.HTTPError as err:
                 error = _error_of(err.code, err.read())
                 if err.code in _RETRYABLE and attempt + 1 < attempts:
                     time.sleep(0.2 * 2**attempt)
                     continue
                 raise error from None
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
+            except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as err:
+                # http.client's own: a body cut short of its Content-Length (IncompleteRead), a
+                # status line that is none: the answer did not arrive, as when the connection fails.
                 if attempt + 1 < attempts:
                     time.sleep(0.2 * 2**attempt)
                     continue
-                reason = getattr(err, "reason", err)
-                raise ConnectionFailed(f"cannot reach {self.url}: {reason}", field="url") from None
-        raise AssertionError("unreachable")
+                raise ConnectionFailed(f"cannot reach {self.url}: {_reason(err)}", field="url") from None
+        if not decode:
+            return raw
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:  # not JSON, or not UTF-8
+            head = raw[:80].decode("utf-8", "replace")
+            message = f"the answer from {url} is not JSON (HTTP {status}, Content-Type {ctype or 'none'}): {head!r}"
+            raise UnexpectedAnswer(status, "not_json", message, "url") from None
+
+    def call(
+        self,
+        model: type[M],
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        retry: bool | None = None,
+    ) -> M:
+        """One API call (``request``) whose answer is read as ``model``: an answer of another
+        shape is ``UnexpectedAnswer`` naming the URL, not pydantic's ValidationError."""
+        data = self.request(method, path, body, query=query, headers=headers, retry=retry)
+        try:
+            return model.model_validate(data)
+        except ShapeError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the answer"
+            message = f"unexpected answer from {self.url}{path} (another API version?): {where}: {first['msg']}"
+            raise UnexpectedAnswer(200, "unexpected_answer", message, "url") from None
 
     def _get(self, model: type[M], path: str, **query: Any) -> M:
-        return model.model_validate(self.request("GET", path, query=query))
+        return self.call(model, "GET", path, query=query)
 
     def _sse(self, task_id: str, cursor: str | None, tree: bool, base: str | None = None) -> Iterator[TaskEvent | None]:
         """One connection to the stream (at ``base``: the events hub; default the API): its
@@ -246,6 +289,13 @@ def _seg(value: str, field: str = "task_id") -> str:
     if not value:
         raise ValidationError(f"{field} must not be empty", field=field)
     return urllib.parse.quote(value, safe="")
+
+
+def _reason(err: Exception) -> str:
+    """Why a request failed, in words: URLError's reason, or the exception's own (http.client's
+    ``IncompleteRead(16 bytes read, 984 more expected)``), else its type's name."""
+    reason = getattr(err, "reason", None) or err
+    return str(reason) or type(reason).__name__
 
 
 def _error_of(status: int, raw: bytes) -> ApiError:

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from agentq.cli.args import UsageError, add_command, read_text
+from agentq.cli.output import dump
 from agentq.cli.target import api_client, remote
 
 
@@ -32,38 +33,40 @@ def _json_arg(value: str | None, name: str) -> dict[str, Any]:
     return data
 
 
-def _line(doc: dict[str, Any]) -> str:
+def _line(doc: Any) -> str:
     from agentq.cli.views import when
 
-    rules = doc["policies"].count("@id(")
-    by = f"  by {doc['created_by']}" if doc.get("created_by") else ""
-    return f"{doc['scope']:<40} v{doc['version']:<5} {when(doc['created_at'])}  {rules} rule{'s' * (rules != 1)}{by}"
+    rules = doc.policies.count("@id(")
+    by = f"  by {doc.created_by}" if doc.created_by else ""
+    return f"{doc.scope:<40} v{doc.version:<5} {when(doc.created_at)}  {rules} rule{'s' * (rules != 1)}{by}"
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:
+    from agentq.api.models.policies import PolicyDecision, PolicyList, PolicyView, PolicyWritten
+
     client = api_client(args)
     command = args.policy_command
     if command == "put":
-        answer = client.request("PUT", f"/policies/{args.scope}", {"policies": _read(args.file)})
+        answer = client.call(PolicyWritten, "PUT", f"/policies/{args.scope}", {"policies": _read(args.file)})
         if args.json:
-            print(json.dumps(answer, indent=2))
+            dump(answer)
             return 0
-        doc = answer["policy"]
-        what = "stored" if answer["created"] else "unchanged: the current version is"
-        print(f"{what} {doc['scope']} version {doc['version']}")
-        for warning in answer.get("warnings") or []:
+        doc = answer.policy
+        what = "stored" if answer.created else "unchanged: the current version is"
+        print(f"{what} {doc.scope} version {doc.version}")
+        for warning in answer.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         return 0
     if command in ("list", "history"):
         path = "/policies" if command == "list" else f"/policies/{args.scope}/history"
         docs, cursor = [], None
         while True:  # a history comes in pages (at most 2 MB each): every one
-            page = client.request("GET", path, query={"cursor": cursor} if cursor else None)
-            docs += page["policies"]
-            if not (cursor := page.get("next_cursor")):
+            page = client.call(PolicyList, "GET", path, query={"cursor": cursor} if cursor else None)
+            docs += page.policies
+            if not (cursor := page.next_cursor):
                 break
         if args.json:
-            print(json.dumps(docs, indent=2))
+            print(json.dumps([doc.model_dump(mode="json") for doc in docs], indent=2))
             return 0
         for doc in docs:
             print(_line(doc))
@@ -71,8 +74,11 @@ def _cmd_policy(args: argparse.Namespace) -> int:
             print("no rules (write some: agentq policy put tenant rules.cedar)", file=sys.stderr)
         return 0
     if command == "show":
-        doc = client.request("GET", f"/policies/{args.scope}", query={"version": args.version})
-        print(json.dumps(doc, indent=2) if args.json else doc["policies"])
+        shown = client.call(PolicyView, "GET", f"/policies/{args.scope}", query={"version": args.version})
+        if args.json:
+            dump(shown)
+        else:
+            print(shown.policies)
         return 0
     body: dict[str, Any] = {
         "call": {"kind": args.kind, "tool": args.tool or "", "model": args.model or "",
@@ -82,14 +88,14 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     }  # fmt: skip
     if args.file:
         body["policies"] = {args.scope or "tenant": _read(args.file)}
-    decided = client.request("POST", "/policies/test", body)
+    decided = client.call(PolicyDecision, "POST", "/policies/test", body)
     if args.json:
-        print(json.dumps(decided, indent=2))
+        dump(decided)
         return 0
-    rule = f" by {decided['rule']}" if decided.get("rule") else ""
-    print(f"{decided['decision']}{rule}" + (f": {decided['reason']}" if decided.get("reason") else ""))
-    for shadow in decided.get("log_only") or []:
-        print(f"  log_only {shadow['rule']} would {shadow['effect']}: {shadow['message']}")
+    rule = f" by {decided.rule}" if decided.rule else ""
+    print(f"{decided.decision}{rule}" + (f": {decided.reason}" if decided.reason else ""))
+    for shadow in decided.log_only:
+        print(f"  log_only {shadow.get('rule')} would {shadow.get('effect')}: {shadow.get('message')}")
     return 0
 
 

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from agentq.cli.args import UsageError, add_command
+from agentq.cli.output import dump
 from agentq.cli.target import api_client, remote
 
 KINDS = ("user", "agent", "key", "tenant")
@@ -22,40 +23,46 @@ def _scope(args: argparse.Namespace) -> dict[str, str]:
     return named
 
 
-def _line(stop: dict[str, Any]) -> str:
+def _line(stop: Any) -> str:
     from agentq.cli.views import when
 
-    by = f" by {stop['by']}" if stop.get("by") else ""
-    why = f": {stop['reason']}" if stop.get("reason") else ""
-    return f"{stop['kind']:<7} {stop['value']:<40} stopped {when(stop['stopped_at'])}{by}{why}"
+    by = f" by {stop.by}" if stop.by else ""
+    why = f": {stop.reason}" if stop.reason else ""
+    return f"{stop.kind:<7} {stop.value:<40} stopped {when(stop.stopped_at)}{by}{why}"
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    answer = api_client(args).request("POST", "/stops", {**_scope(args), "reason": args.reason or ""})
+    from agentq.api.models.stops import StopResult
+
+    answer = api_client(args).call(StopResult, "POST", "/stops", {**_scope(args), "reason": args.reason or ""})
     if args.json:
-        print(json.dumps(answer, indent=2))
+        dump(answer)
         return 0
-    stop = answer["stop"]
-    again = "" if answer["created"] else " (already stopped: swept again)"
-    print(f"stopped {stop['kind']} {stop['value']}{again}: {len(answer['cancelled'])} tasks cancelled, "
-          f"{len(answer['were_running'])} of them running")  # fmt: skip
-    print(f"new tasks of it are refused until: agentq resume --{stop['kind']} {stop['value']}", file=sys.stderr)
+    stop = answer.stop
+    again = "" if answer.created else " (already stopped: swept again)"
+    print(f"stopped {stop.kind} {stop.value}{again}: {len(answer.cancelled)} tasks cancelled, "
+          f"{len(answer.were_running)} of them running")  # fmt: skip
+    print(f"new tasks of it are refused until: agentq resume --{stop.kind} {stop.value}", file=sys.stderr)
     return 0
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    answer = api_client(args).request("POST", "/stops/resume", _scope(args))
+    from agentq.api.models.stops import ResumeResult
+
+    answer = api_client(args).call(ResumeResult, "POST", "/stops/resume", _scope(args))
     if args.json:
-        print(json.dumps(answer, indent=2))
+        dump(answer)
         return 0
-    print(f"resumed {answer['resumed']['kind']} {answer['resumed']['value']}")
+    print(f"resumed {answer.resumed.kind} {answer.resumed.value}")
     return 0
 
 
 def _cmd_stops(args: argparse.Namespace) -> int:
-    stops = api_client(args).request("GET", "/stops")["stops"]
+    from agentq.api.models.stops import StopList
+
+    stops = api_client(args).call(StopList, "GET", "/stops").stops
     if args.json:
-        print(json.dumps(stops, indent=2))
+        print(json.dumps([stop.model_dump(mode="json") for stop in stops], indent=2))
         return 0
     for stop in stops:
         print(_line(stop))
