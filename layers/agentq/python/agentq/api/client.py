@@ -293,7 +293,7 @@ class Client(AgentCalls):
             except _NotStreaming:
                 stream = False
                 break
-            except (ConnectionFailed, ServerError, TimeoutError, OSError):
+            except (ConnectionFailed, ServerError):  # _sse's: refused, hung up, or dropped mid-chunk
                 if on_hub:
                     hub_failed_at = time.monotonic()  # the API's route at once, from the last id
                     continue

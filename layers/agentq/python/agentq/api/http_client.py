@@ -215,7 +215,10 @@ class HttpClient:
 
     def _sse(self, task_id: str, cursor: str | None, tree: bool, base: str | None = None) -> Iterator[TaskEvent | None]:
         """One connection to the stream (at ``base``: the events hub; default the API): its
-        events, then None if it said ``end``."""
+        events, then None if it said ``end``. A connection that fails or drops (refused, closed
+        before an answer, a chunk cut short: http.client's IncompleteRead) is ``ConnectionFailed``,
+        which ``iter_events`` resumes from; data that is no event (not UTF-8, not an event's
+        JSON) is ``UnexpectedAnswer``: read again, it would say the same."""
         query = {k: v for k, v in {"tree": "true" if tree else None, "after": cursor}.items() if v}
         base = base or self.url
         url = f"{base}/tasks/{_seg(task_id)}/events" + (f"?{urllib.parse.urlencode(query)}" if query else "")
@@ -227,8 +230,8 @@ class HttpClient:
             resp = urllib.request.urlopen(req, timeout=max(self.timeout, 60))
         except urllib.error.HTTPError as err:
             raise _error_of(err.code, err.read()) from None
-        except urllib.error.URLError as err:
-            raise ConnectionFailed(f"cannot reach {base}: {err.reason}", field="url") from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
+            raise ConnectionFailed(f"cannot reach {base}: {_reason(err)}", field="url") from None
         with resp:
             if resp.status == 204:
                 yield None
@@ -236,19 +239,43 @@ class HttpClient:
             if "text/event-stream" not in (resp.headers.get("Content-Type") or ""):
                 raise _NotStreaming()
             kind, data = "", list[str]()
-            for raw in resp:
-                line = raw.decode("utf-8").rstrip("\r\n")
+            lines = iter(resp)
+            while True:
+                try:
+                    raw = next(lines, None)
+                except (OSError, http.client.HTTPException) as err:
+                    raise ConnectionFailed(f"cannot reach {base}: {_reason(err)}", field="url") from None
+                if raw is None:
+                    return  # closed without an end: iter_events reconnects
+                try:
+                    line = raw.decode("utf-8").rstrip("\r\n")
+                except UnicodeDecodeError:
+                    raise _malformed(url, f"a line is not UTF-8: {raw[:80]!r}") from None
                 if not line:
                     if kind == "end":
                         yield None
                         return
                     if data:
-                        yield TaskEvent.model_validate_json("\n".join(data))
+                        yield _event_of("\n".join(data), url)
                     kind, data = "", list[str]()
                 elif line.startswith("event:"):
                     kind = line[6:].strip()
                 elif line.startswith("data:"):
                     data.append(line[5:].lstrip(" "))
+
+
+def _event_of(data: str, url: str) -> TaskEvent:
+    try:
+        return TaskEvent.model_validate_json(data)
+    except ShapeError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the data"
+        raise _malformed(url, f"{where}: {first['msg']}: {data[:80]!r}") from None
+
+
+def _malformed(url: str, what: str) -> UnexpectedAnswer:
+    return UnexpectedAnswer(200, "malformed_stream", f"malformed event stream from {url} (another API version?): {what}",
+                            "url")  # fmt: skip
 
 
 # An API key (``aq_...``) or a token (a JWT) is printable ASCII without spaces: what a header carries.
