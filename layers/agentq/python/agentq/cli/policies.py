@@ -33,6 +33,20 @@ def _json_arg(value: str | None, name: str) -> dict[str, Any]:
     return data
 
 
+def _scope(value: str) -> str:
+    """SCOPE as one segment of the request's path: ``tenant`` or ``agent:NAME``, what the API's
+    route takes, refused here naming ``scope`` (empty, a space: it went into the path as typed,
+    and http.client raised on the space), and encoded."""
+    import re
+
+    from agentq.api.client import _seg
+    from agentq.core.policies.rules import SCOPE_PATTERN
+
+    if not re.fullmatch(SCOPE_PATTERN, value):
+        raise UsageError(f"{value!r} is no policy scope: tenant, or agent:NAME (a lowercase agent name)", field="scope")
+    return _seg(value, "scope")
+
+
 def _line(doc: Any) -> str:
     from agentq.cli.views import when
 
@@ -42,12 +56,14 @@ def _line(doc: Any) -> str:
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:
+    from agentq.api.client_pages import pages
     from agentq.api.models.policies import PolicyDecision, PolicyList, PolicyView, PolicyWritten
 
     client = api_client(args)
     command = args.policy_command
+    scope = _scope(args.scope) if command in ("put", "show", "history") else ""
     if command == "put":
-        answer = client.call(PolicyWritten, "PUT", f"/policies/{args.scope}", {"policies": _read(args.file)})
+        answer = client.call(PolicyWritten, "PUT", f"/policies/{scope}", {"policies": _read(args.file)})
         if args.json:
             dump(answer)
             return 0
@@ -58,13 +74,9 @@ def _cmd_policy(args: argparse.Namespace) -> int:
             print(f"warning: {warning}", file=sys.stderr)
         return 0
     if command in ("list", "history"):
-        path = "/policies" if command == "list" else f"/policies/{args.scope}/history"
-        docs, cursor = [], None
-        while True:  # a history comes in pages (at most 2 MB each): every one
-            page = client.call(PolicyList, "GET", path, query={"cursor": cursor} if cursor else None)
-            docs += page.policies
-            if not (cursor := page.next_cursor):
-                break
+        path = "/policies" if command == "list" else f"/policies/{scope}/history"
+        read = pages(lambda cursor: client.call(PolicyList, "GET", path, query={"cursor": cursor}))
+        docs = [doc for page in read for doc in page.policies]  # a history comes in pages (at most 2 MB each)
         if args.json:
             print(json.dumps([doc.model_dump(mode="json") for doc in docs], indent=2))
             return 0
@@ -74,7 +86,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
             print("no rules (write some: agentq policy put tenant rules.cedar)", file=sys.stderr)
         return 0
     if command == "show":
-        shown = client.call(PolicyView, "GET", f"/policies/{args.scope}", query={"version": args.version})
+        shown = client.call(PolicyView, "GET", f"/policies/{scope}", query={"version": args.version})
         if args.json:
             dump(shown)
         else:
