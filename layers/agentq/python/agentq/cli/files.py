@@ -141,10 +141,13 @@ def _safe_target(root: Path, path: str) -> Path:
 def download(client: Any, task_id: str, directory: str, step: int | None = None) -> int:
     """Write the task's workspace at ``step`` under ``directory``; the number of files written."""
     root = Path(directory).resolve()
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        # Into an empty directory only: nothing there to overwrite, no link of its own to follow.
-        raise UsageError(f"{directory} exists and is not an empty directory", field="directory")
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        if root.exists() and (not root.is_dir() or any(root.iterdir())):
+            # Into an empty directory only: nothing there to overwrite, no link of its own to follow.
+            raise UsageError(f"{directory} exists and is not an empty directory", field="directory")
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # under a file, /proc, a directory not ours: said before anything is asked
+        raise UsageError(f"cannot make the directory {directory}: {exc.strerror}", field="directory") from None
     if step is None:  # pin it: the task may commit another step while the files are read
         step = client.files(task_id, limit=1).step
     entries = list(client.iter_files(task_id, step=step))
