@@ -321,7 +321,8 @@ def register(sub: Any) -> None:
             "TASK_ID the first line is the goal of a new task (--agent, --provider, --model, --script, --tools "
             "say which). A task that takes no message (failed, cancelled, timed out, out of budget, a sub-agent) "
             "is said so before you type.",
-        )
+        ),
+        json=False,
     )
     chat.add_argument("task_id", nargs="?", help="the task to go on with (none: a new conversation)")
     chat.add_argument(

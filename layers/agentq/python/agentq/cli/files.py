@@ -214,7 +214,8 @@ def register(sub: Any) -> None:
             "write a task's files at a committed step into a directory, with their modes",
             "Every file, directory and link of the workspace at --step (default the last committed step) under DIR, "
             "which must be new or empty; a path the server names outside DIR, or through a link, is refused.",
-        )
+        ),
+        json=False,
     )
     down.add_argument("task_id")
     down.add_argument("directory", metavar="DIR")

@@ -80,12 +80,15 @@ def api_client(args: argparse.Namespace) -> Client:
 
 
 def remote(
-    parser: argparse.ArgumentParser, json_help: str = "print the API's JSON instead of text"
+    parser: argparse.ArgumentParser, json_help: str = "print the API's JSON instead of text", *, json: bool = True
 ) -> argparse.ArgumentParser:
-    """The options of a command that talks to the API: where it is, and --json."""
+    """The options of a command that talks to the API: where it is, and --json unless ``json`` is
+    False (a command with nothing to print as JSON: a live view, files written, a conversation),
+    so that no command offers a flag it ignores."""
     group = parser.add_argument_group("API")
     group.add_argument("--url", help="API URL (default: $AGENTQ_URL or the profile's url)")
     group.add_argument("--api-key", help="API key (default: $AGENTQ_API_KEY or the profile's api_key)")
     group.add_argument("--profile", help="a profile of ~/.config/agentq/profiles.toml (default: $AGENTQ_PROFILE)")
-    parser.add_argument("--json", action="store_true", help=json_help)
+    if json:
+        parser.add_argument("--json", action="store_true", help=json_help)
     return parser

@@ -202,7 +202,8 @@ def _cmd_decide(args: argparse.Namespace) -> int:
 
 
 def _cmd_webhook_secret(args: argparse.Namespace) -> int:
-    print(api_client(args).webhook_secret())
+    secret = api_client(args).webhook_secret()
+    print(json.dumps({"secret": secret}) if args.json else secret)
     return 0
 
 
@@ -250,7 +251,7 @@ def register(sub: Any) -> None:
     status.set_defaults(func=_cmd_status)
 
     watch = remote(command("watch", "a live view of a task until it ends: steps, tokens as a bar, children, activity "
-                           "(follows its event stream; polls where there is none)"))  # fmt: skip
+                           "(follows its event stream; polls where there is none)"), json=False)  # fmt: skip
     watch.add_argument("task_id")
     watch.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes of the live text")
     watch.add_argument("--events", type=positive, default=6, help="recent events to show (0: none)")
