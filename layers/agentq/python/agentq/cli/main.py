@@ -204,6 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
+        # stdout's reader has gone (`agentq events ID | head -1`): not a failure. What is left in
+        # stdout's buffer goes to /dev/null, else Python's flush of it at exit meets the closed
+        # pipe again ("Exception ignored ... BrokenPipeError", exit 120): the Python docs' note on
+        # SIGPIPE (library/signal.html#note-on-sigpipe).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return 0
     except Exception as exc:
         said = aws_failure(exc)

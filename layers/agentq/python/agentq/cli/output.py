@@ -3,6 +3,7 @@ followed to its end (changes on stderr), its result (stdout) and the exit code o
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -17,9 +18,17 @@ def dump(model: Any) -> None:
 def console(stderr: bool = False) -> Any:
     from rich.console import Console
 
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            """A reader that closed the pipe (``agentq events ID | head -1``) ends the command as it
+            does print()'s: BrokenPipeError, which main() answers with 0. Rich's own handler
+            raised SystemExit(1), "did not succeed", for a command that did."""
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else int(os.environ.get("COLUMNS") or 200)  # piped: don't wrap at 80
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+    return PipeConsole(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
 def final(view: Any) -> int:
