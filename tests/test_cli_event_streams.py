@@ -1,7 +1,8 @@
 """`agentq events` against event streams that misbehave: one sent in chunks (as the events hub
 streams through a Lambda function URL) that drops in the middle of a chunk is resumed after the
 last event received, each event printed once; one that keeps hanging up, or whose data is not an
-event, ends in a line and exit 1, never a traceback."""
+event, ends in a line and exit 1, never a traceback. And `events` exits as `watch` and `result`
+do: 1 when the task it followed ended other than succeeded (its epilog said so; it exited 0)."""
 
 from __future__ import annotations
 
@@ -97,3 +98,33 @@ def test_an_event_stream_whose_data_is_not_an_event_is_said_in_a_line_with_exit_
     assert ran.stderr.startswith(f"agentq: malformed event stream from {garbled_stream.url}/tasks/t1/events"), ran
     assert ran.stderr.count("\n") == 1, ran.stderr
     assert sum("/events" in p for p in garbled_stream.paths) == 1  # said, not read again and again
+
+
+@pytest.fixture(params=["failed", "succeeded"])
+def ends(request: pytest.FixtureRequest) -> Iterator[tuple[Fake, str]]:
+    """A task's stream to its end (failed, or succeeded), and how it ended; its result says so."""
+    status = request.param
+
+    def handle(h: Request, n: int) -> None:
+        if h.path.startswith("/tasks/t1/events"):
+            return reply(h, 200, sse(1) + sse(2, status) + END, "text/event-stream")
+        if h.path.startswith("/tasks/t1/result"):
+            error = {"code": "tool_error", "message": "it broke"} if status == "failed" else None
+            result = {"task_id": "t1", "status": status, "result": "done" if error is None else None,
+                      "complete": error is None, "error": error, "finished_at": 1002.0}  # fmt: skip
+            return reply(h, 200, json.dumps(result))
+        return not_found(h)
+
+    for fake in fake_api.serve(handle):
+        yield fake, status
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
+def test_events_exit_1_when_the_task_followed_ended_other_than_succeeded_as_watch_does(
+    agentq: Callable[..., Ran], ends: tuple[Fake, str], json_flag: list[str]
+) -> None:
+    fake, status = ends
+    ran = agentq(fake.url, "events", "t1", *json_flag)
+    assert ran.returncode == (0 if status == "succeeded" else 1), ran
+    if not json_flag:
+        assert f"finished {status}" in ran.stdout and f"answer ({status})" in ran.stdout, ran.stdout

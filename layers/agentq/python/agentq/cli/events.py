@@ -53,11 +53,20 @@ def tree_label(path: str | None) -> str:
 
 
 def _cmd_events(args: argparse.Namespace) -> int:
+    """The events until the stream ends, which it does when the task has: exit 0 if it ended
+    succeeded, else 1, as ``watch`` and ``result`` (how it ended: its last status on the stream,
+    else, resumed past it with --after, its view)."""
+    from agentq.api.client import TERMINAL
+
     client = api_client(args)
     screen = console()
     origin: float | None = None
     prefix = args.tree
+    ended: str | None = None
     for event in client.iter_events(args.task_id, after=args.after, tree=args.tree, stream=not args.poll):
+        if event.committed and event.type == "task.status" and event.task_id == args.task_id:
+            status = str(event.data.get("status") or "")
+            ended = status if status in TERMINAL else None  # a budget raised after cost_exceeded runs it again
         if args.json:
             if event.committed or args.deltas:
                 print(json.dumps(event.model_dump(mode="json")), flush=True)
@@ -71,7 +80,9 @@ def _cmd_events(args: argparse.Namespace) -> int:
         screen.print(line)
     if not args.json:
         print_answer(client, args.task_id)  # the stream ends when the task does: its answer closes it
-    return 0
+    if ended is None:
+        ended = client.get(args.task_id).status.value
+    return 0 if ended == "succeeded" else 1
 
 
 def register(sub: Any) -> None:
@@ -81,7 +92,8 @@ def register(sub: Any) -> None:
             "events",
             "a task's events as they commit (status, steps, retries, approvals, spawns), until it ends",
             "Follows GET /tasks/{id}/events: reconnects after the last event it received when the stream "
-            "drops, so nothing is missed or repeated; polls JSON pages where the API cannot stream.",
+            "drops, so nothing is missed or repeated; polls JSON pages where the API cannot stream. Exit 1 "
+            "unless the task ended succeeded, as watch and result.",
         ),
         json_help="one JSON event a line",
     )
