@@ -15,8 +15,8 @@ from agentq.core.errors import AgentqError
 
 EPILOG = """\
 exit codes: 0 success; 1 the task or operation did not succeed (task failed, not found, conflict,
-API or AWS unreachable, AWS refused); 2 bad usage or input (the message names the field), or AWS
-settings missing; 130 interrupted.
+API or AWS unreachable, an answer that is not the API's, AWS refused); 2 bad usage or input (the
+message names the field), or AWS settings missing; 130 interrupted.
 
 Remote commands find the API from --url/--api-key, else --profile NAME (or $AGENTQ_PROFILE) in
 ~/.config/agentq/profiles.toml, else $AGENTQ_URL/$AGENTQ_API_KEY, else the [default] profile.

@@ -7,10 +7,11 @@ Each command group registers its subcommands next to their handlers: ``submit`` 
 (the task commands), ``catalogue`` (agents, schedules), ``admin`` (keys, dlq, purge), ``local``
 (dev, demo, run, worker, run-task); ``target`` finds the API, ``args`` holds what they share.
 
-Exit codes scripts can rely on: 0 success; 1 the task or operation did not succeed (the task
-ended other than succeeded, not found, conflict, API or AWS unreachable, AWS refused, wait timed
-out); 2 bad usage, bad input (the message names the field) or missing AWS settings; 130
-interrupted. Data goes to stdout, progress and errors to stderr. AWS's own errors (botocore's:
+Exit codes scripts can rely on: 0 success (a reader that closed stdout early too: ``| head``); 1
+the task or operation did not succeed (the task ended other than succeeded, not found, conflict,
+API or AWS unreachable, an answer that is not the API's, AWS refused, wait timed out); 2 bad
+usage, bad input (the message names the field) or missing AWS settings; 130 interrupted. Data
+goes to stdout, progress and errors to stderr. AWS's own errors (botocore's:
 no credentials, an endpoint that does not answer, an error answer) are said in a line as
 ours are (``aws_failure``); any other exception is a bug and keeps its traceback.
 """
