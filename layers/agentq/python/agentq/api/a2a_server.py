@@ -12,7 +12,7 @@ which calls the same control functions the HTTP API calls, as the MCP server doe
   the next turn boundary to a running one), or, to a task paused for approval, it is
   the decision (``approve`` / ``reject`` and an optional note, or a data part
   ``{"approved": bool, "note": str, "toolUseId": str}``: the held call its status message names,
-  so the decision is of that call or of none). It answers with the task once it stopped
+  so the decision is of that call or of none; read by ``api/a2a_messages.py``). It answers with the task once it stopped
   (``input-required``, ``auth-required`` or an end) or after ``WAIT_SECONDS``, at once with
   ``returnImmediately``. A task that has ended takes no message (``UnsupportedOperationError``,
   as the protocol requires: an A2A task never restarts, where agentq would reopen an answered
@@ -22,7 +22,8 @@ which calls the same control functions the HTTP API calls, as the MCP server doe
   connection, a subscription following the task to its end; sent whole in the API Lambda
   (``api/a2a_stream.py``). A client resumes with ``SubscribeToTask``, which starts with the task
   as it is now, so nothing committed is lost between two streams.
-- ``GetTask``, ``ListTasks`` (this agent's tasks of the caller, newest first), ``CancelTask``.
+- ``GetTask``, ``ListTasks`` (this agent's tasks of the caller, newest first: ``api/a2a_listing.py``),
+  ``CancelTask``.
 - Push notification configs (``api/a2a_push.py``): created, read, listed, deleted per task (or
   given with a send, then stored before its task can run on it), each URL checked as a callback's; the task's changes are POSTed there
   signed when it waits for someone or ends (``queueing/a2a_push.py``). The tenant's keys' only:
@@ -36,10 +37,8 @@ user, or of another agent is ``TaskNotFoundError``, the same answer as an id tha
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextvars
 import hashlib
-import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
@@ -47,10 +46,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentq.api import a2a_views as views
+from agentq.api.a2a_listing import ListingMethods, of_agent
+from agentq.api.a2a_messages import decision, decision_data, text_of
 from agentq.api.a2a_push import PushConfigMethods, config_in, refuse_push
 from agentq.api.a2a_stream import stopped, task_events
 from agentq.api.a2a_views import HISTORY_BYTES
-from agentq.api.models import MAX_NOTE_CHARS, MAX_TOOL_USE_ID_CHARS
 from agentq.api.routes.common import ApiDeps
 from agentq.api.user_submission import check_user_submission
 from agentq.control import operations
@@ -60,13 +60,10 @@ from agentq.core.endusers import Caller
 from agentq.core.errors import AgentqError, IllegalTransition, TaskNotFound
 from agentq.core.models import MAX_GOAL_CHARS, Task, TaskStatus
 from agentq.queueing.a2a_artifacts import BASE_KEY
-from agentq.storage.keys import TENANT_INDEX_SK, new_task_id
+from agentq.storage.keys import new_task_id
 
 WAIT_SECONDS = 20.0  # a blocking SendMessage: API Gateway answers within 29 s
 POLL_SECONDS = 0.25
-MAX_PAGE = 100
-APPROVE_WORDS = frozenset({"approve", "approved", "yes", "y", "ok"})
-REJECT_WORDS = frozenset({"reject", "rejected", "no", "n", "deny"})
 
 T = TypeVar("T")
 
@@ -115,7 +112,7 @@ async def _off_loop(fn: Callable[[], T]) -> T:
         raise _refusal(exc) from None
 
 
-class AgentqRequestHandler(PushConfigMethods):
+class AgentqRequestHandler(PushConfigMethods, ListingMethods):
     """The SDK's ``RequestHandler`` over agentq's control functions (built by ``build_handler``,
     which subclasses the SDK's abstract class, so importing this module does not import it)."""
 
@@ -127,6 +124,9 @@ class AgentqRequestHandler(PushConfigMethods):
     def _caller(self) -> Caller:
         return call_var.get().caller
 
+    def _agent(self) -> str:
+        return call_var.get().name
+
     def _owned(self, task_id: str) -> Task:
         """The task if the caller sees it and it is this agent's, else TaskNotFound."""
         call = call_var.get()
@@ -134,7 +134,7 @@ class AgentqRequestHandler(PushConfigMethods):
             task = self.deps.store.tasks.get(task_id) if task_id else None
         except TaskNotFound:
             task = None
-        if task is None or not call.caller.sees(task.tenant, task.user) or not _of_agent(task, call.name):
+        if task is None or not call.caller.sees(task.tenant, task.user) or not of_agent(task, call.name):
             raise TaskNotFound(f"task {task_id!r} not found", field="id")
         return task
 
@@ -156,57 +156,6 @@ class AgentqRequestHandler(PushConfigMethods):
         if length is not None and length < 0:
             raise _invalid("must be 0 or more", "historyLength")
         return await _off_loop(lambda: self._view(self._owned(params.id), length))
-
-    async def on_list_tasks(self, params: Any, context: Any) -> Any:
-        from a2a.types import ListTasksResponse
-
-        size = params.page_size if params.HasField("page_size") else 50
-        if not 1 <= size <= MAX_PAGE:
-            raise _invalid(f"must be 1 to {MAX_PAGE}", "pageSize")
-        length = params.history_length if params.HasField("history_length") else 0
-        if length < 0:
-            raise _invalid("must be 0 or more", "historyLength")
-        after = _decode_token(params.page_token) if params.page_token else None
-        call = call_var.get()
-        wanted_state = params.status if params.status else None
-        since = (
-            params.status_timestamp_after.ToMilliseconds() / 1000 if params.HasField("status_timestamp_after") else None
-        )
-
-        def page() -> Any:
-            found: list[Task] = []
-            last = after
-            for _ in range(10):  # at most 10 index pages read per call, however rare the match
-                tasks, last = self.deps.store.tasks.list_for_tenant(
-                    call.caller.tenant, limit=MAX_PAGE, after=last, roots_only=True, user=call.caller.user
-                )
-                for task in tasks:
-                    if not (call.caller.sees(task.tenant, task.user) and _of_agent(task, call.name)):
-                        continue
-                    if params.context_id and views.context_id(task) != params.context_id:
-                        continue
-                    if since is not None and (task.updated_at or task.created_at) <= since:
-                        continue
-                    if wanted_state is not None and views.state_of(task, self._asked(task)) != wanted_state:
-                        continue
-                    found.append(task)
-                if last is None or len(found) >= size:
-                    break
-            more = found[size:]
-            found = found[:size]
-            token = ""
-            if more or last is not None:
-                from agentq.storage import keys
-
-                edge = found[-1] if found else None
-                token = _encode_token(keys.tenant_index_sk(edge.created_at, edge.task_id) if edge else str(last))
-            share = HISTORY_BYTES // max(1, len(found))  # the page's histories share one answer's budget
-            tasks_out = [self._view(t, length, with_artifacts=params.include_artifacts, budget=share) for t in found]
-            # total_size is this page's count, not the protocol's count before pagination: a count
-            # reads every task of the tenant (its index has no agent); docs/PROTOCOLS.md.
-            return ListTasksResponse(tasks=tasks_out, next_page_token=token, page_size=size, total_size=len(found))
-
-        return await _off_loop(page)
 
     # -- actions -------------------------------------------------------------------------
 
@@ -234,7 +183,7 @@ class AgentqRequestHandler(PushConfigMethods):
         push = params.configuration.task_push_notification_config
         push = push if params.configuration.HasField("task_push_notification_config") else None
         message = params.message
-        text = _text_of(message)
+        text = text_of(message)
         call = call_var.get()
         deps = self.deps
         if message.task_id:
@@ -294,11 +243,11 @@ class AgentqRequestHandler(PushConfigMethods):
         """The message to a task that has not ended: the decision of a paused one, else a message
         under its double-texting policy."""
         deps, call = self.deps, call_var.get()
-        data = _decision_data(message)
+        data = decision_data(message)
         # A decision naming its call is one even when the task no longer waits (a double click,
         # another reviewer first): refused, not handed to the agent as a message.
         if task.status is TaskStatus.PAUSED or (data is not None and data[2] is not None):
-            approved, note, use_id = data if data is not None else _decision(text)
+            approved, note, use_id = data if data is not None else decision(text)
             try:
                 operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
                                   by=call.caller.tenant, by_user=call.caller.user, tenant=task.tenant,
@@ -388,10 +337,6 @@ def _idempotency_key(call: Call, message_id: str, where: str, text: str) -> str 
     return f"a2a:{call.caller.user}#{digest}" if call.caller.user else f"a2a:{digest}"
 
 
-def _of_agent(task: Task, name: str) -> bool:
-    return (task.submission.agent or "").split("@", 1)[0] == name
-
-
 def _check_send(params: Any) -> None:
     if not params.HasField("message"):
         raise _invalid("required", "message")
@@ -408,78 +353,3 @@ def _check_send(params: Any) -> None:
         raise _errors().ContentTypeNotSupportedError(
             message=f"configuration.acceptedOutputModes: this agent answers {views.TEXT} or {views.JSON_TYPE}"
         )
-
-
-def _text_of(message: Any) -> str:
-    """The message's text: its text parts, and its data parts as JSON; a file (raw or url) part
-    is refused, as agentq's goals and messages are text."""
-    from google.protobuf.json_format import MessageToDict
-
-    if not message.parts:
-        raise _invalid("a message needs at least one part", "message.parts")
-    texts: list[str] = []
-    for i, part in enumerate(message.parts):
-        kind = part.WhichOneof("content")
-        if kind == "text":
-            texts.append(part.text)
-        elif kind == "data":
-            texts.append(json.dumps(MessageToDict(part.data)))
-        else:
-            raise _errors().ContentTypeNotSupportedError(
-                message=f"message.parts[{i}]: a {kind or 'empty'} part; this agent takes text and data parts"
-            )
-    text = "\n".join(texts)
-    if not text.strip():
-        raise _invalid("the message has no text", "message.parts")
-    return text
-
-
-def _decision_data(message: Any) -> tuple[bool, str, str | None] | None:
-    """The decision a data part ``{"approved": bool, "note": str, "toolUseId": str}`` of the
-    message says, if one does. ``toolUseId`` (the one the task's status message gives): the held
-    call this decides, so a decision sent for a call decided meanwhile never decides the next
-    one (refused naming ``toolUseId``); without it, whatever is held when it lands."""
-    from google.protobuf.json_format import MessageToDict
-
-    for part in message.parts:
-        if part.WhichOneof("content") == "data":
-            data = MessageToDict(part.data)
-            if isinstance(data, dict) and isinstance(data.get("approved"), bool):
-                note, use_id = data.get("note", ""), data.get("toolUseId")
-                if use_id is not None and not (isinstance(use_id, str) and 0 < len(use_id) <= MAX_TOOL_USE_ID_CHARS):
-                    raise _invalid(f"the held call's id (a string of 1 to {MAX_TOOL_USE_ID_CHARS:,} characters, "
-                                   "as the task's status message gives it)", "toolUseId")  # fmt: skip
-                return bool(data["approved"]), note if isinstance(note, str) else "", use_id
-    return None
-
-
-def _decision(text: str) -> tuple[bool, str, None]:
-    """A text message to a task paused for approval, read as the decision: text starting with
-    ``approve`` (a note may follow); any other text rejects the request with the message as its
-    note, so the agent reads what the person said instead. Nothing but an explicit approval
-    approves. Text names no call: it decides whatever is held when it lands."""
-    word, _, rest = text.strip().partition(" ")
-    verb = word.strip(".,!:").lower()
-    if verb in APPROVE_WORDS:
-        return True, rest.strip(), None
-    if verb in REJECT_WORDS:
-        return False, rest.strip(), None
-    if len(text) > MAX_NOTE_CHARS:
-        raise _invalid(f"{len(text):,} characters; a message that answers an approval (its note) holds at most "
-                       f"{MAX_NOTE_CHARS:,}", "message.parts")  # fmt: skip
-    return False, text, None
-
-
-def _encode_token(sk: str) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"a2a": sk}).encode()).decode().rstrip("=")
-
-
-def _decode_token(token: str) -> str:
-    try:
-        raw = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        sk = raw["a2a"]
-    except (ValueError, KeyError, TypeError):
-        raise _invalid("not a token this server issued; pass nextPageToken back unchanged", "pageToken") from None
-    if not isinstance(sk, str) or not TENANT_INDEX_SK.fullmatch(sk):  # what _encode_token was given
-        raise _invalid("not a token this server issued; pass nextPageToken back unchanged", "pageToken")
-    return sk
