@@ -72,6 +72,27 @@ def test_an_approval_pauses_the_task_and_is_decided_once(backend: Storage) -> No
     assert backend.approvals.pending(lease.task_id) is None
 
 
+def test_a_decision_request_stays_bound_to_the_call_it_first_arrived_at_and_knows_its_own_decision(
+    backend: Storage,
+) -> None:
+    """``bind`` is a conditional put: a request's key bound to one call is never rebound to the
+    call held next, and ``decided_with`` tells a retry of the request that decided a call from
+    another request (A2A's text 'approve', api/a2a_server._decide)."""
+    lease = claimed(backend)
+    backend.approvals.request(lease, "tu1", "ship it?")
+    assert backend.approvals.bound(lease.task_id, "k1") is None
+    assert backend.approvals.bind(lease.task_id, "k1", "tu1") == "tu1"
+    backend.approvals.decide(lease.task_id, "tu1", approved=True, note="", by="ann", key="k1")
+    assert backend.approvals.decided_with(lease.task_id, "tu1", "k1")
+    assert not backend.approvals.decided_with(lease.task_id, "tu1", "k2")
+    again = backend.tasks.claim(lease.task_id, "w1", 30)
+    assert again is not None
+    backend.approvals.request(again[0], "tu2", "drop the database?")
+    assert backend.approvals.bind(lease.task_id, "k1", "tu2") == "tu1"  # a retry: still the first call
+    assert backend.approvals.bound(lease.task_id, "k1") == "tu1"
+    assert backend.approvals.bind(lease.task_id, "k2", "tu2") == "tu2"
+
+
 def test_a_tokens_decision_of_an_approval_only_the_tenant_decides_writes_nothing(backend: Storage) -> None:
     """The write itself is conditioned on who may decide (not only the control plane's check
     before it): a decision by an end user's token of a ``tenant`` approval is ``NotTheApprover``

@@ -52,7 +52,8 @@ def decision_data(message: Any) -> tuple[bool, str, str | None] | None:
     """The decision a data part ``{"approved": bool, "note": str, "toolUseId": str}`` of the
     message says, if one does. ``toolUseId`` (the one the task's status message gives): the held
     call this decides, so a decision sent for a call decided meanwhile never decides the next
-    one (refused naming ``toolUseId``); without it, whatever is held when it lands."""
+    one (refused naming ``toolUseId``); without it, the call held when it first lands (``api/a2a_server``
+    binds the request to it: a retry decides nothing else)."""
     from google.protobuf.json_format import MessageToDict
 
     for part in message.parts:
@@ -71,7 +72,8 @@ def decision(text: str) -> tuple[bool, str, None]:
     """A text message to a task paused for approval, read as the decision: text starting with
     ``approve`` (a note may follow); any other text rejects the request with the message as its
     note, so the agent reads what the person said instead. Nothing but an explicit approval
-    approves. Text names no call: it decides whatever is held when it lands."""
+    approves. Text names no call: it decides the call held when it first lands (``api/a2a_server``
+    binds the request, its message id and text, to it: a retry decides nothing else)."""
     word, _, rest = text.strip().partition(" ")
     verb = word.strip(".,!:").lower()
     if verb in APPROVE_WORDS:

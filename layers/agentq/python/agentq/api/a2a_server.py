@@ -12,7 +12,9 @@ which calls the same control functions the HTTP API calls, as the MCP server doe
   the next turn boundary to a running one), or, to a task paused for approval, it is
   the decision (``approve`` / ``reject`` and an optional note, or a data part
   ``{"approved": bool, "note": str, "toolUseId": str}``: the held call its status message names,
-  so the decision is of that call or of none; read by ``api/a2a_messages.py``). It answers with the task once it stopped
+  so the decision is of that call or of none; read by ``api/a2a_messages.py``). A decision is
+  bound to the call held when it first arrives (``_decide``): a retry of it (the same message id and
+  text, and Idempotency-Key if any) decides that call or nothing, never the one held next. It answers with the task once it stopped
   (``input-required``, ``auth-required`` or an end) or after ``WAIT_SECONDS``, at once with
   ``returnImmediately``. A task that has ended takes no message (``UnsupportedOperationError``,
   as the protocol requires: an A2A task never restarts, where agentq would reopen an answered
@@ -243,23 +245,45 @@ class AgentqRequestHandler(PushConfigMethods, ListingMethods):
         """The message to a task that has not ended: the decision of a paused one, else a message
         under its double-texting policy."""
         deps, call = self.deps, call_var.get()
-        data = decision_data(message)
-        # A decision naming its call is one even when the task no longer waits (a double click,
-        # another reviewer first): refused, not handed to the agent as a message.
-        if task.status is TaskStatus.PAUSED or (data is not None and data[2] is not None):
-            approved, note, use_id = data if data is not None else decision(text)
-            try:
-                operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
-                                  by=call.caller.tenant, by_user=call.caller.user, tenant=task.tenant,
-                                  tool_use_id=use_id)  # fmt: skip
-            except IllegalTransition as exc:
-                if exc.field == "tool_use_id":  # said in A2A's name, the one the task's status message gives
-                    raise _invalid(exc.message, "toolUseId") from None
-                raise
-            return deps.store.tasks.get(task.task_id), 0
+        decided = self._decide(task, message, text)
+        if decided is not None:
+            return decided, 0
         sent = send_message(deps.store, deps.queues, task.task_id, text, tenant=task.tenant,
                             idempotency_key=_idempotency_key(call, message.message_id, task.task_id, text))  # fmt: skip
         return deps.store.tasks.get(task.task_id), sent.message.seq
+
+    def _decide(self, task: Task, message: Any, text: str) -> Task | None:
+        """The message as a decision, and the task after it; None if it is no decision (a message
+        to a task not paused, naming no call). A decision is bound to the call held when it first
+        arrives (``Approvals.bind``, under ``_decision_key``: its Idempotency-Key if any, message
+        id and text), so a retry of it (a timeout, a proxy's) decides that call or nothing:
+        one it already decided answers the task as it is now, never deciding the call held next,
+        which the person was never shown."""
+        deps, call = self.deps, call_var.get()
+        approvals = deps.store.approvals
+        data = decision_data(message)
+        key = _decision_key(call, message.message_id, task.task_id, text)
+        use_id = approvals.bound(task.task_id, key)
+        # A decision naming its call is one even when the task no longer waits (a double click,
+        # another reviewer first): refused, not handed to the agent as a message.
+        if use_id is None and task.status is not TaskStatus.PAUSED and (data is None or data[2] is None):
+            return None
+        approved, note, named = data if data is not None else decision(text)
+        if use_id is None:
+            pending = approvals.pending(task.task_id) if named is None else None
+            held = named or (pending.use_id if pending is not None else None)
+            use_id = approvals.bind(task.task_id, key, held) if held is not None else None
+        try:
+            operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
+                              by=call.caller.tenant, by_user=call.caller.user, tenant=task.tenant,
+                              tool_use_id=use_id, decision_key=key)  # fmt: skip
+        except IllegalTransition as exc:
+            if use_id is not None and approvals.decided_with(task.task_id, use_id, key):
+                return deps.store.tasks.get(task.task_id)  # this request decided it before: a retry
+            if exc.field == "tool_use_id":  # said in A2A's name, the one the task's status message gives
+                raise _invalid(exc.message, "toolUseId") from None
+            raise
+        return deps.store.tasks.get(task.task_id)
 
     def _settled(self, task: Task, heard: int, seconds: float) -> Task:
         deadline = time.monotonic() + seconds
@@ -335,6 +359,15 @@ def _idempotency_key(call: Call, message_id: str, where: str, text: str) -> str 
     parts = (call.idempotency_key, call.agent, where, message_id, text)
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:40]
     return f"a2a:{call.caller.user}#{digest}" if call.caller.user else f"a2a:{digest}"
+
+
+def _decision_key(call: Call, message_id: str, task_id: str, text: str) -> str:
+    """What names a decision request across its retries: its Idempotency-Key if it has one, and
+    its message id and text (A2A lets an agent dedupe by message id: a client retrying a message
+    sends the same one), for this task, agent and user. A reused message id with other text is
+    another decision; the same id and text, without a key, the same one."""
+    parts = (call.idempotency_key or "", call.caller.user or "", call.agent, task_id, message_id, text)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:40]
 
 
 def _check_send(params: Any) -> None:

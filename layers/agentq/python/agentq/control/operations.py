@@ -242,6 +242,7 @@ def decide(
     tenant: str | None = None,
     by_user: str | None = None,
     tool_use_id: str | None = None,
+    decision_key: str | None = None,
 ) -> Task:
     """Approve or reject the task's pending request; the task resumes with the decision.
     ``by``: who decided (a caller's tenant); ``by_user``: the end user, when a token decided.
@@ -254,7 +255,8 @@ def decide(
     double click or a retried request lands: named, the decision is of that call or of nothing
     (``IllegalTransition`` naming ``tool_use_id``, nothing changed; the write is conditioned on
     that record still pending, so a decision racing this one cannot turn it into the next
-    call's). None: whatever is pending now (older clients)."""
+    call's). None: whatever is pending now (older clients). ``decision_key``: the request's
+    (``storage.approvals.Approvals.bind``), recorded with the decision so a retry knows it as its own."""
     task = owned_task(store, task_id, tenant)
     named = store.approvals.get(task_id, tool_use_id) if tool_use_id is not None else None
     if task.status is not TaskStatus.PAUSED:
@@ -268,7 +270,8 @@ def decide(
         raise _not_held(task, tool_use_id, named, pending)
     if by_user is not None and not pending.may_decide(by_user):
         raise NotTheApprover(task_id, pending.use_id, by_user)
-    store.approvals.decide(task_id, pending.use_id, approved=approved, note=note, by=by, by_user=by_user)
+    store.approvals.decide(task_id, pending.use_id, approved=approved, note=note, by=by, by_user=by_user,
+                           key=decision_key)  # fmt: skip
     queues.send(task_id, task.submission.priority, tenant=task.tenant)
     return store.tasks.get(task_id)
 

@@ -4,7 +4,12 @@ approval is still pending, so a decision is taken exactly once.
 
 A record keeps who may decide it (``approver``, fixed when it is asked): a decision by an end
 user's token is conditioned on it too, so no path to ``decide`` lets a token decide an ask only
-the tenant decides, whatever its caller checked."""
+the tenant decides, whatever its caller checked.
+
+A decision request that names no call (A2A's text reply ``approve``) is bound to the call held
+when it first arrives (``bind``: ``DECISION#<key>``, a conditional put, so of two arrivals racing
+one binds), and the decision it makes carries its key (``decided_key``): a retry of it finds the
+call it is about, and whether it already decided it (``decided_with``), never the call held next."""
 
 from __future__ import annotations
 
@@ -19,7 +24,17 @@ from agentq.core.records import ApprovalRecord
 from agentq.storage import keys
 from agentq.storage.event_writes import EVENT_TEXT_CHARS, NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
-from agentq.storage.table import Item, Patch, Put, Table, TransactionCancelled, Update, absent, plain
+from agentq.storage.table import (
+    ConditionFailed,
+    Item,
+    Patch,
+    Put,
+    Table,
+    TransactionCancelled,
+    Update,
+    absent,
+    plain,
+)
 from agentq.storage.tasks import Tasks
 
 
@@ -100,16 +115,48 @@ class Approvals:
     def pending(self, task_id: str) -> ApprovalRecord | None:
         return next((a for a in self.list(task_id) if a.state == "pending"), None)
 
+    def bind(self, task_id: str, key: str, use_id: str) -> str:
+        """The held call the decision request ``key`` (a digest naming the request, the same on
+        each of its retries) decides: ``use_id`` the first time, and on every retry after the call
+        its first arrival bound, whatever the task holds by then."""
+        item = {**keys.item_key(task_id, f"{keys.DECISION}{key}"), "use_id": use_id}
+        try:
+            self.table.put(item, condition=absent())
+        except ConditionFailed as exc:
+            first = exc.old if exc.old is not None else self.table.get(keys.item_key(task_id, f"{keys.DECISION}{key}"))
+            assert first is not None  # a binding is never deleted but with its task
+            return str(first["use_id"])
+        return use_id
+
+    def bound(self, task_id: str, key: str) -> str | None:
+        """The call the decision request ``key`` was bound to when it first arrived, if it did."""
+        item = self.table.get(keys.item_key(task_id, f"{keys.DECISION}{key}"))
+        return str(item["use_id"]) if item is not None else None
+
+    def decided_with(self, task_id: str, use_id: str, key: str) -> bool:
+        """Whether the request ``key`` made the decision of ``use_id`` (a retry of it, not another's)."""
+        item = self.table.get(keys.item_key(task_id, f"{keys.APPROVAL}{use_id}"))
+        return item is not None and item.get("decided_key") == key
+
     def decide(
-        self, task_id: str, use_id: str, *, approved: bool, note: str, by: str, by_user: str | None = None
+        self,
+        task_id: str,
+        use_id: str,
+        *,
+        approved: bool,
+        note: str,
+        by: str,
+        by_user: str | None = None,
+        key: str | None = None,
     ) -> None:
         """Record the decision and requeue the paused task, atomically; refused unless pending
         (``IllegalTransition``) and, for a token's, unless its user may decide it
         (``NotTheApprover``). ``by``: the tenant (or agentq: ``timeout``, ``vault``);
         ``by_user``: the end user whose token decided, recorded on the approval and its event
-        beside the tenant."""
+        beside the tenant; ``key``: the decision request's (``bind``), recorded on the approval."""
         now = time.time()
         user = {"decided_by_user": by_user} if by_user is not None else {}
+        request = {"decided_key": key} if key is not None else {}
         pending: ConditionBase = Attr("state").eq("pending")
         if by_user is not None:  # a record without an approver was asked when any user could decide
             pending = pending & (Attr("approver").not_exists() | Attr("approver").eq("user"))
@@ -123,6 +170,7 @@ class Approvals:
                     "decided_by": by,
                     "decided_at": now,
                     **user,
+                    **request,
                 }
             ),
             pending,

@@ -24,6 +24,7 @@ EFFECT = "EFFECT#"
 NOTE = "NOTE#"
 SPAWN = "SPAWN#"
 APPROVAL = "APPROVAL#"
+DECISION = "DECISION#"  # in a task's partition: DECISION#<digest>, the held call a decision request decides
 ORPHAN = "ORPHAN#"
 CLAIM = "CLAIM#"
 EVENT = "EVENT#"  # a task's logged event (storage/events.py), numbered by META's seq
