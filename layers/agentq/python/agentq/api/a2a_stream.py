@@ -10,7 +10,9 @@ Two ways to serve one, by what holds the connection (``api/live_stream.py``):
 
 - **Live** (the local server, the streaming function in AWS): each change is sent when the
   events hub's poller of the task reads it (``GET /tasks/{id}/events``' own path: one table read
-  per change, however many streams watch the task), for up to ``LIVE_SECONDS``. A subscription
+  per change, however many streams watch the task), for up to ``LIVE_SECONDS``, and authorised
+  again as that stream is, every ``hub.authorize_every`` seconds (``LiveStream.allowed``): a
+  revoked key's or an expired token's stream ends quietly, and its resume is refused. A subscription
   follows the task to its end, through ``input-required`` while another request answers it (the
   protocol's ``SubscribeToTask`` closes only at a terminal state); a streamed send ends where a
   blocking send answers, when the task waits for someone or ends.
@@ -45,6 +47,15 @@ def stopped(task: Task, heard: int) -> bool:
     return (task.status.terminal or task.status is TaskStatus.IDLE) and task.messages_delivered >= heard
 
 
+def _still_allowed(allowed: Callable[[], bool]) -> bool:
+    """``allowed``'s answer; a check that fails (the table unreachable) ends the stream too: the
+    client comes back through the door, which authorises it again."""
+    try:
+        return allowed()
+    except Exception:
+        return False
+
+
 def ended(task: Task, heard: int) -> bool:
     """Whether the task has ended for good (a subscription's end), its first ``heard`` messages
     delivered."""
@@ -75,9 +86,17 @@ async def task_events(
         last = (now.status.state, now.status.message.message_id)
         deadline = time.monotonic() + (LIVE_SECONDS if watch is not None else STREAM_SECONDS)
         task_id = task.task_id
+        checked = time.monotonic()
         while not done(task, heard) and time.monotonic() < deadline:
             if watch is not None:
-                await asyncio.to_thread(watch.wait, WAKE_SECONDS)
+                assert live is not None
+                every = live.hub.authorize_every
+                if live.allowed is not None and time.monotonic() - checked >= every:
+                    if not await asyncio.to_thread(_still_allowed, live.allowed):
+                        return  # quietly, as an events stream ends: the client's resume is authorised again
+                    checked = time.monotonic()
+                wait = WAKE_SECONDS if live.allowed is None else min(WAKE_SECONDS, checked + every - time.monotonic())
+                await asyncio.to_thread(watch.wait, max(0.0, wait))
             else:
                 await asyncio.sleep(POLL_SECONDS)
             task, now = await off_loop(lambda: poll(task_id, heard))

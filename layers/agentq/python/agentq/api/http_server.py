@@ -228,8 +228,11 @@ class ApiServer:
                 self, hub: EventHub, headers: dict[str, str], body: bytes | None, caller: Caller | None
             ) -> None:
                 """An A2A call with this connection at hand: a stream it answers goes out event by
-                event (``api/live_stream.py``), anything else as the handler's answer."""
-                live = LiveStream(hub, self._start_stream, self._send_chunk)
+                event (``api/live_stream.py``), authorised again as an events stream is, anything
+                else as the handler's answer."""
+                who = caller_of(caller)  # the authorizer's context as the events stream reads it
+                allowed = self._allowed(hub, headers, who.key_id if who is not None else None)
+                live = LiveStream(hub, self._start_stream, self._send_chunk, allowed)
                 token = live_var.set(live)
                 try:
                     answer = dispatch(outer.handler, outer.authorizer, "POST", self.path, headers, body, caller=caller)

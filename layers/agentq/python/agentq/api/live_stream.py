@@ -38,6 +38,10 @@ class LiveStream:
     hub: EventHub
     start: Callable[[int, dict[str, str]], None]  # the status and headers, once, before any chunk
     send: Callable[[bytes], None]  # one chunk, flushed; raises OSError when the client went away
+    # Whether the request's caller may still watch (``http_server``'s ``_allowed``, asked every
+    # ``hub.authorize_every`` seconds as ``EventHub.stream`` asks it): a revoked key's stream
+    # ends then; None: nothing to ask again (no authorizer, the one local user).
+    allowed: Callable[[], bool] | None = None
     started: bool = field(default=False)
 
     def begin(self, status: int, headers: dict[str, str]) -> None:
