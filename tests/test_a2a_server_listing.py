@@ -104,3 +104,76 @@ def test_list_tasks_is_ordered_by_creation_not_last_update_as_protocols_md_says(
     assert listed[1]["status"]["timestamp"] > listed[0]["status"]["timestamp"]  # changed last, listed second
     protocols = (Path(__file__).resolve().parent.parent / "docs" / "PROTOCOLS.md").read_text(encoding="utf-8")
     assert "**Tasks are listed newest created first**" in protocols
+
+
+BIG_RESULT = "r" * 250_000  # a long answer: 250 KB, twice in a view with includeArtifacts
+
+
+def _big_agent(api_stack: ApiStack) -> str:
+    return _agent(
+        api_stack, [{"text": BIG_RESULT}], constraints={"max_output_tokens": 128_000, "max_tokens": 1_000_000}
+    )
+
+
+def _completed(api_stack: ApiStack, name: str) -> str:
+    task = _call(api_stack, name, "SendMessage", _send("go")["params"])["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task["status"]["state"]
+    return str(task["id"])
+
+
+def _raw_list(api_stack: ApiStack, name: str, params: dict[str, Any]) -> bytes:
+    """The ListTasks answer's bytes, as they went over the wire."""
+    import urllib.request
+
+    body = {"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": params}
+    request = urllib.request.Request(f"{api_stack.url}/a2a/{name}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "A2A-Version": "1.0",
+                                              "Authorization": f"Bearer {api_stack.key}"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return bytes(answer.read())
+
+
+def test_a_list_tasks_page_fits_the_listing_budget_and_the_rest_follow_its_token(api_stack: ApiStack) -> None:
+    """A page stops at LISTING_PAGE_BYTES, as GET /tasks' does, and hands the rest to
+    ``nextPageToken``: every task is listed once, whole. Before, each task's result was in the
+    answer whole, twice with includeArtifacts, whatever the page's size: 5 tasks of 250 KB results
+    answered 2.5 MB (12 answered 6 MB, past a Lambda's answer)."""
+    from agentq.api.models import LISTING_PAGE_BYTES
+
+    name = _big_agent(api_stack)
+    ids = [_completed(api_stack, name) for _ in range(5)]
+    listed: list[str] = []
+    params: dict[str, Any] = {"pageSize": 5, "includeArtifacts": True}
+    for _ in range(5):
+        raw = _raw_list(api_stack, name, params)
+        assert len(raw) <= LISTING_PAGE_BYTES, f"ListTasks answered {len(raw):,} bytes"
+        page = json.loads(raw)["result"]
+        for task in page["tasks"]:
+            assert task["status"]["message"]["parts"][0]["text"] == BIG_RESULT  # whole, not cut
+            assert "truncated" not in task["metadata"]["agentq"]
+        listed += [t["id"] for t in page["tasks"]]
+        if not page.get("nextPageToken"):
+            break
+        params = {**params, "pageToken": page["nextPageToken"]}
+    assert listed == ids[::-1]
+
+
+def test_a_task_bigger_than_a_list_tasks_page_is_listed_cut_and_get_task_reads_it_whole(
+    api_stack: ApiStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One task alone over the page's budget (here a budget of 300 KB, a view of 500 KB) is
+    still listed, its long texts cut with a note and ``metadata.agentq.truncated``; GetTask
+    answers it whole."""
+    from agentq.api import a2a_listing
+
+    monkeypatch.setattr(a2a_listing, "PAGE_BYTES", 300_000)
+    name = _big_agent(api_stack)
+    task_id = _completed(api_stack, name)
+    raw = _raw_list(api_stack, name, {"includeArtifacts": True})
+    assert len(raw) <= 300_000 + 4_096, f"ListTasks answered {len(raw):,} bytes"
+    (task,) = json.loads(raw)["result"]["tasks"]
+    said = task["status"]["message"]["parts"][0]["text"]
+    assert task["id"] == task_id and task["metadata"]["agentq"]["truncated"] is True
+    assert said.startswith("r" * 1_000) and "GetTask reads the whole task" in said and len(said) < len(BIG_RESULT)
+    whole = _call(api_stack, name, "GetTask", {"id": task_id})["result"]
+    assert whole["status"]["message"]["parts"][0]["text"] == BIG_RESULT

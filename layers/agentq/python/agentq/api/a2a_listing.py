@@ -1,23 +1,34 @@
 """A2A's ``ListTasks`` (mixed into ``api/a2a_server.AgentqRequestHandler``): this agent's tasks of
 the caller, newest created first, filtered by context, A2A state and last update, paged with an
 opaque ``nextPageToken`` (the tenant index's sort key of the page's last task).
+
+A page holds at most ``pageSize`` tasks and, as the REST listings (``api/cursors.fitting``), no
+more of them than fit ``PAGE_BYTES`` as JSON, whole: the rest go to ``nextPageToken``. A task's
+view holds its result twice with ``includeArtifacts`` (the completed status message, the
+``result`` artifact) and its share of the history: before, 12 tasks of 250 KB results answered
+6 MB, past what a Lambda may answer. A task bigger than the budget alone is listed cut
+(``a2a_views.cut``: its long texts cut with a note, ``metadata.agentq.truncated``); ``GetTask``
+reads it whole.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from agentq.api import a2a_views as views
 from agentq.api.a2a_views import HISTORY_BYTES
+from agentq.api.cursors import fitting
+from agentq.api.models import LISTING_PAGE_BYTES
 from agentq.api.routes.common import ApiDeps
 from agentq.core.endusers import Caller
 from agentq.core.models import Task
 from agentq.storage.keys import TENANT_INDEX_SK
 
 MAX_PAGE = 100
+PAGE_BYTES = LISTING_PAGE_BYTES - 4_096  # the tasks' budget; the rest: the answer's envelope and token
 
 
 def _errors() -> Any:
@@ -84,17 +95,28 @@ class ListingMethods:
                     break
             more = found[size:]
             found = found[:size]
+            share = HISTORY_BYTES // max(1, len(found))  # the page's histories share one answer's budget
+            built: list[tuple[Any, int]] = []
+
+            def sizes() -> Iterator[int]:  # each view built when ``fitting`` reads its size
+                for task in found:
+                    view = self._view(task, length, with_artifacts=params.include_artifacts, budget=share)
+                    built.append((view, views.json_size(view)))
+                    yield built[-1][1]
+
+            kept = fitting(sizes(), PAGE_BYTES)
+            tasks_out = [view for view, _ in built[:kept]]
+            if tasks_out and built[0][1] > PAGE_BYTES:  # alone, and bigger than a page: listed cut
+                tasks_out[0] = views.cut(tasks_out[0], PAGE_BYTES)
             token = ""
-            if more or last is not None:
+            if more or kept < len(found) or last is not None:
                 from agentq.storage import keys
 
-                edge = found[-1] if found else None
+                edge = found[kept - 1] if kept else None
                 token = _encode_token(keys.tenant_index_sk(edge.created_at, edge.task_id) if edge else str(last))
-            share = HISTORY_BYTES // max(1, len(found))  # the page's histories share one answer's budget
-            tasks_out = [self._view(t, length, with_artifacts=params.include_artifacts, budget=share) for t in found]
             # total_size is this page's count, not the protocol's count before pagination: a count
             # reads every task of the tenant (its index has no agent); docs/PROTOCOLS.md.
-            return ListTasksResponse(tasks=tasks_out, next_page_token=token, page_size=size, total_size=len(found))
+            return ListTasksResponse(tasks=tasks_out, next_page_token=token, page_size=size, total_size=kept)
 
         return await self._store_call(page)
 

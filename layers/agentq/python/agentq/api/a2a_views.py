@@ -169,3 +169,50 @@ def history(store: Storage, task: Task, length: int | None, *, budget: int = HIS
     # the latest first: each text escaped, and the message's ids around it
     kept = fitting((len(json.dumps(text)) + 200 for text, _ in reversed(items)), budget)
     return [user_message(task, text, message_id) for text, message_id in items[len(items) - kept :]]
+
+
+def json_size(view: Any) -> int:
+    """The bytes of ``view`` (a protocol message) as an answer's JSON, at most: its characters
+    escaped to ASCII, where the answer writes UTF-8 (six bytes of escape for a character of at
+    most four)."""
+    from google.protobuf.json_format import MessageToDict
+
+    return len(json.dumps(MessageToDict(view), separators=(",", ":")))
+
+
+MIN_CUT_CHARS = 1_000
+
+
+def cut(view: Any, budget: int) -> Any:
+    """A copy of the task ``view`` that fits ``budget`` bytes as JSON (``json_size``): each text
+    part (its status message, its artifacts, its history) longer than a limit cut there with a
+    note saying so, a data part longer than it replaced by such a note, the limit halved until
+    the task fits (or a part is down to ``MIN_CUT_CHARS``), and ``metadata.agentq.truncated``
+    set. How ``ListTasks`` lists a task bigger than its page's budget alone: ``GetTask`` reads it
+    whole."""
+    from a2a.types import Task as A2ATask
+
+    limit = max(budget // 4, MIN_CUT_CHARS)
+    while True:
+        out = A2ATask()
+        out.CopyFrom(view)
+        messages = [out.status.message, *out.history]
+        for parts in [m.parts for m in messages] + [a.parts for a in out.artifacts]:
+            for part in parts:
+                _cut_part(part, limit)
+        out.metadata["agentq"]["truncated"] = True
+        if json_size(out) <= budget or limit <= MIN_CUT_CHARS:
+            return out
+        limit = max(limit // 2, MIN_CUT_CHARS)
+
+
+def _cut_part(part: Any, limit: int) -> None:
+    kind = part.WhichOneof("content")
+    if kind == "text" and len(part.text) > limit:
+        part.text = (f"{part.text[:limit]}\n[cut to {limit:,} of its {len(part.text):,} characters to fit the "
+                     "listing: GetTask reads the whole task]")  # fmt: skip
+    elif kind == "data":
+        size = json_size(part.data)
+        if size > limit:
+            part.text = f"[a data part of {size:,} bytes, left out to fit the listing: GetTask reads the whole task]"
+            part.media_type = TEXT
