@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
+from agentq.api.models import MAX_NOTE_CHARS
+
 from tests.api_support import ApiStack
 from tests.helpers import call as tool_call
-from tests.test_a2a_server import _agent, _rpc, _send
+from tests.test_a2a_server import APPROVAL_TURNS, _agent, _rpc, _send
 
 TWO_APPROVALS: list[dict[str, Any]] = [
     {"text": "", "tool_calls": [tool_call("request_approval", question="Ship to staging?")]},
@@ -58,3 +60,31 @@ def test_a_retried_approval_decides_the_call_it_was_sent_for_and_never_the_next_
     seen = _send("approve", taskId=task["id"])["params"]  # the second question, seen and answered
     done = _call(api_stack, name, "SendMessage", seen, headers=once)["result"]["task"]
     assert done["status"]["state"] == "TASK_STATE_COMPLETED", done["status"]
+
+
+@pytest.mark.parametrize(
+    ("parts", "field"),
+    [
+        ([{"text": "approve " + "n" * (MAX_NOTE_CHARS + 1)}], "message.parts"),
+        ([{"text": "reject " + "n" * (MAX_NOTE_CHARS + 1)}], "message.parts"),
+        ([{"text": "n" * (MAX_NOTE_CHARS + 1)}], "message.parts"),
+        ([{"data": {"approved": True, "note": "n" * (MAX_NOTE_CHARS + 1)}}], "note"),
+    ],
+    ids=["approve-note", "reject-note", "free-text", "data-note"],
+)
+def test_a_decisions_note_holds_at_most_a_notes_characters_whatever_its_first_word(
+    api_stack: ApiStack, parts: list[dict[str, Any]], field: str
+) -> None:
+    """POST /tasks/{id}/approve (api/models/tasks.py) and MCP's answer hold a note to
+    MAX_NOTE_CHARS, and so did A2A's free-text answer; 'approve <note>', 'reject <note>' and a data
+    part's note were taken whatever their length. Each is invalid params naming the field, the
+    task still paused."""
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+    task = _call(api_stack, name, "SendMessage", _send("go")["params"])["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    params = _send("", taskId=task["id"])["params"]
+    params["message"]["parts"] = parts
+    answer = _call(api_stack, name, "SendMessage", params)
+    assert answer.get("error", {}).get("code") == -32602, str(answer)[:300]
+    assert answer["error"]["message"].startswith(f"{field}: "), answer["error"]["message"][:200]
+    assert api_stack.http("GET", f"/tasks/{task['id']}")[1]["status"] == "paused"

@@ -64,7 +64,8 @@ def decision_data(message: Any) -> tuple[bool, str, str | None] | None:
                 if use_id is not None and not (isinstance(use_id, str) and 0 < len(use_id) <= MAX_TOOL_USE_ID_CHARS):
                     raise _invalid(f"the held call's id (a string of 1 to {MAX_TOOL_USE_ID_CHARS:,} characters, "
                                    "as the task's status message gives it)", "toolUseId")  # fmt: skip
-                return bool(data["approved"]), note if isinstance(note, str) else "", use_id
+                note = note if isinstance(note, str) else ""
+                return bool(data["approved"]), _held_to_a_note(note, "note"), use_id
     return None
 
 
@@ -77,10 +78,17 @@ def decision(text: str) -> tuple[bool, str, None]:
     word, _, rest = text.strip().partition(" ")
     verb = word.strip(".,!:").lower()
     if verb in APPROVE_WORDS:
-        return True, rest.strip(), None
+        return True, _held_to_a_note(rest.strip(), "message.parts"), None
     if verb in REJECT_WORDS:
-        return False, rest.strip(), None
-    if len(text) > MAX_NOTE_CHARS:
-        raise _invalid(f"{len(text):,} characters; a message that answers an approval (its note) holds at most "
-                       f"{MAX_NOTE_CHARS:,}", "message.parts")  # fmt: skip
-    return False, text, None
+        return False, _held_to_a_note(rest.strip(), "message.parts"), None
+    return False, _held_to_a_note(text, "message.parts"), None
+
+
+def _held_to_a_note(note: str, field: str) -> str:
+    """``note`` if it holds at most ``MAX_NOTE_CHARS``, as a decision's note does by every door
+    (``POST /tasks/{id}/approve``, MCP's answer), whatever word the message starts with; else
+    invalid params naming ``field``, nothing decided."""
+    if len(note) > MAX_NOTE_CHARS:
+        raise _invalid(f"{len(note):,} characters; a message that answers an approval (its note) holds at most "
+                       f"{MAX_NOTE_CHARS:,}", field)  # fmt: skip
+    return note
