@@ -148,6 +148,41 @@ def test_a_push_url_that_leads_inside_or_is_not_https_is_invalid_params_naming_u
     assert [t["id"] for t in tasks] == [task_id]  # the refused send started no task
 
 
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"token": "t\r\nX-Injected: 1"}, "token"),
+        ({"token": "caf\u00e9-\u20ac"}, "token"),  # beyond Latin-1
+        ({"authentication": {"scheme": "Bearer\r\nX-Injected: 1", "credentials": "c"}}, "authentication.scheme"),
+        ({"authentication": {"scheme": "Bearer realm", "credentials": "c"}}, "authentication.scheme"),
+        ({"authentication": {"scheme": "Bearer", "credentials": "c\nX-Injected: 1"}}, "authentication.credentials"),
+        ({"authentication": {"scheme": "Bearer", "credentials": "c\x00"}}, "authentication.credentials"),
+    ],
+    ids=["token-crlf", "token-not-latin-1", "scheme-crlf", "scheme-not-a-token", "credentials-lf", "credentials-nul"],
+)
+def test_a_push_config_no_push_could_send_as_headers_is_invalid_params_naming_the_field_and_nothing_is_stored(
+    api_stack: ApiStack, monkeypatch: pytest.MonkeyPatch, config: dict[str, Any], field: str
+) -> None:
+    """A token and an authentication are sent with each push as headers (``X-A2A-Notification-Token``,
+    ``Authorization: <scheme> <credentials>``). One holding CR/LF, another control character or a
+    character beyond Latin-1 was stored, and every push of it was dead-lettered (http.client:
+    'Invalid header value'), the client told nothing: now invalid params naming the field, by
+    Create and with a send alike, nothing stored and no task started."""
+    monkeypatch.setenv("AGENTQ_WEBHOOK_ALLOW", "127.0.0.1:9")
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+    task_id = _paused(api_stack, name)
+    config = {"url": "http://127.0.0.1:9/hook", **config}
+    refused = _call(api_stack, name, "CreateTaskPushNotificationConfig", {"taskId": task_id, **config})
+    assert refused.get("error", {}).get("code") == -32602, refused
+    assert refused["error"]["message"].startswith(f"{field}: "), refused
+    with_send = {**_send("hi")["params"], "configuration": {"taskPushNotificationConfig": config}}
+    assert _call(api_stack, name, "SendMessage", with_send).get("error", {}).get("code") == -32602
+    listed = _call(api_stack, name, "ListTaskPushNotificationConfigs", {"taskId": task_id})["result"]
+    assert not listed.get("configs")
+    tasks = _call(api_stack, name, "ListTasks", {})["result"].get("tasks", [])
+    assert [t["id"] for t in tasks] == [task_id]  # the refused send started no task
+
+
 def test_another_tenants_task_takes_no_push_config_and_shows_none(api_stack: ApiStack) -> None:
     name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
     task_id = _paused(api_stack, name)

@@ -4,7 +4,9 @@ the A2A server's methods for them (mixed into ``api/a2a_server.AgentqRequestHand
 A config names where to POST the task's changes: its ``url`` is checked as a callback's is
 (``core.webhooks.check_url``: https only, never an internal address, unless
 ``AGENTQ_WEBHOOK_ALLOW`` names the host, as for a development receiver on 127.0.0.1), and a
-refused one is the protocol's ``InvalidParamsError`` naming ``url``, nothing stored. Only the
+refused one is the protocol's ``InvalidParamsError`` naming ``url``, nothing stored; so is a
+``token``, ``authentication.scheme`` or ``authentication.credentials`` no push could send as a
+header (``_sendable``). Only the
 caller's own task takes one (another tenant's, another user's, another agent's or an unknown id
 is ``TaskNotFoundError``, as for every method). A task that ended takes one too (the protocol
 keeps a config "until task completion or deletion", and clients set one on whatever task they
@@ -24,6 +26,7 @@ backend would hear nothing more) and reads the tenant's without their credential
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +40,7 @@ from agentq.storage.a2a_push import MAX_CONFIGS
 
 MAX_ID = 128
 MAX_TOKEN = 1024
+SCHEME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}")  # RFC 9110's token: an auth-scheme
 
 
 def _errors() -> Any:
@@ -73,6 +77,18 @@ def refuse_push(caller: Caller, field: str) -> None:
         raise _errors().PushNotificationNotSupportedError(message=message, data={"field": field})
 
 
+def _sendable(value: str, field: str) -> None:
+    """A value each push sends as a header's (``X-A2A-Notification-Token``, ``Authorization``):
+    printable Latin-1 only. A CR or LF (a header of the client's in every push) or a character
+    beyond Latin-1 cannot be sent (``http.client`` refuses it): every push of the config was
+    dead-lettered, the client told nothing when it set it; another control character (NUL, DEL)
+    is in no field value HTTP allows (RFC 9110), which a receiver refuses."""
+    bad = next((c for c in value if not (" " <= c <= "~" or "\xa0" <= c <= "\xff")), None)
+    if bad is not None:
+        raise _invalid(f"sent as an HTTP header's value, it holds printable Latin-1 characters only, not "
+                       f"{bad!r} (at {value.index(bad)})", field)  # fmt: skip
+
+
 def config_in(params: Any, task_id: str) -> tuple[str, dict[str, Any]]:
     """The config to store (its id drawn when the client gave none), checked; raises the
     protocol's InvalidParams naming the field."""
@@ -86,6 +102,12 @@ def config_in(params: Any, task_id: str) -> tuple[str, dict[str, Any]]:
         raise _invalid(f"at most {MAX_TOKEN} characters", "token")
     if params.HasField("authentication") and not params.authentication.scheme:
         raise _invalid("required with authentication", "authentication.scheme")
+    _sendable(params.token, "token")
+    if params.HasField("authentication"):
+        if not SCHEME.fullmatch(params.authentication.scheme):
+            raise _invalid("an HTTP authentication scheme: one token of letters, digits and !#$%&'*+-.^_`|~ "
+                           "(Bearer, Basic)", "authentication.scheme")  # fmt: skip
+        _sendable(params.authentication.credentials, "authentication.credentials")
     try:
         check_url(params.url, field="url")
     except ValidationError as exc:
