@@ -17,11 +17,12 @@ ends, signed as every callback, retried until taken.
 Push configs are the tenant's (its API keys'). A push is signed with the tenant's callback secret
 for the tenant's backend, as an agent's ``notify`` is, which a token may not set for that reason
 (``api/user_submission.py``): a config a token set on its own task had the tenant's signed pushes
-POSTed to a server of the user's. So an end user's token (``Caller.bound``) sets none, with a send
-or on its own (``refuse_push``: the protocol's ``PushNotificationNotSupportedError``, as its card
-says ``pushNotifications: false``, naming the field, nothing stored), deletes none (the tenant's
-backend would hear nothing more) and reads the tenant's without their credentials
-(``authentication.credentials``, ``token``: what the tenant's receiver checks).
+POSTed to a server of the user's. So to an end user's token (``Caller.bound``), whose card says
+``pushNotifications: false``, all four methods are the protocol's
+``PushNotificationNotSupportedError`` naming the field (``refuse_push``), as A2A 1.0 (3.3.4) says
+of an agent that declares none: it sets none, with a send or on its own (nothing stored), deletes
+none (the tenant's backend would hear nothing more) and reads none (the tenant's hold the
+credentials its receiver checks; before, Get and List answered as if supported, without them).
 """
 
 from __future__ import annotations
@@ -53,27 +54,21 @@ def _invalid(message: str, field: str) -> Exception:
     return _errors().InvalidParamsError(message=f"{field}: {message}", data={"field": field})  # type: ignore[no-any-return]
 
 
-def _config_out(raw: dict[str, Any], caller: Caller) -> Any:
-    """A config as the protocol's; to a token, without the credentials the tenant's receiver
-    checks (``authentication.credentials``, ``token``): the scheme, URL and id remain."""
+def _config_out(raw: dict[str, Any]) -> Any:
+    """A stored config as the protocol's (read by the tenant's keys only: ``refuse_push``)."""
     from a2a.types import TaskPushNotificationConfig
     from google.protobuf.json_format import ParseDict
 
-    if caller.bound:
-        raw = {k: v for k, v in raw.items() if k != "token"}
-        auth = raw.get("authentication")
-        if isinstance(auth, dict):
-            raw["authentication"] = {k: v for k, v in auth.items() if k != "credentials"}
     return ParseDict(raw, TaskPushNotificationConfig(), ignore_unknown_fields=True)
 
 
 def refuse_push(caller: Caller, field: str) -> None:
-    """An end user's token sets and deletes no push config (the module's docstring says why):
-    the protocol's PushNotificationNotSupported, which its card announces, naming ``field``."""
+    """An end user's token sets, reads and deletes no push config (the module's docstring says
+    why): the protocol's PushNotificationNotSupported, which its card announces, naming ``field``."""
     if caller.bound:
         message = (f"{field}: push notifications are the tenant's: they are signed with its callback secret for its "
-                   f"backend, so the token of end user {caller.user!r} may not set or delete a push config (an API "
-                   "key of the tenant may); nothing was stored")  # fmt: skip
+                   f"backend, so the token of end user {caller.user!r} may not set, read or delete a push config (an "
+                   "API key of the tenant may); nothing was stored")  # fmt: skip
         raise _errors().PushNotificationNotSupportedError(message=message, data={"field": field})
 
 
@@ -137,7 +132,7 @@ class PushConfigMethods:
         if len(known) >= MAX_CONFIGS and all(c.get("id") != config_id for c in known):
             raise _invalid(f"a task holds at most {MAX_CONFIGS} push configs; delete one first", "id")
         push.put(task_id, tenant, config_id, raw)
-        return config_id, _config_out(raw, self._caller())
+        return config_id, _config_out(raw)
 
     def _store_push_undoably(self, task_id: str, tenant: str, params: Any) -> tuple[str, Callable[[], None]]:
         """``_store_push``, and how to take it back if what it came with is refused: delete the
@@ -165,10 +160,11 @@ class PushConfigMethods:
     async def on_get_task_push_notification_config(self, params: Any, context: Any) -> Any:
         def get() -> Any:
             task = self._owned(params.task_id)
+            refuse_push(self._caller(), "id")
             raw = self.deps.store.a2a_push.get(task.task_id, params.id) if params.id else None
             if raw is None:
                 raise _errors().TaskNotFoundError(message=f"task {task.task_id} has no push config {params.id!r}")
-            return _config_out(raw, self._caller())
+            return _config_out(raw)
 
         return await self._store_call(get)
 
@@ -177,8 +173,8 @@ class PushConfigMethods:
 
         def listed() -> Any:
             task = self._owned(params.task_id)
-            caller = self._caller()
-            configs = [_config_out(raw, caller) for raw in self.deps.store.a2a_push.listed(task.task_id)]
+            refuse_push(self._caller(), "taskId")
+            configs = [_config_out(raw) for raw in self.deps.store.a2a_push.listed(task.task_id)]
             return ListTaskPushNotificationConfigsResponse(configs=configs)  # at most MAX_CONFIGS: one page
 
         return await self._store_call(listed)

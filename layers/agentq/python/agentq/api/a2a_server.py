@@ -29,7 +29,7 @@ which calls the same control functions the HTTP API calls, as the MCP server doe
 - Push notification configs (``api/a2a_push.py``): created, read, listed, deleted per task (or
   given with a send, then stored before its task can run on it), each URL checked as a callback's; the task's changes are POSTed there
   signed when it waits for someone or ends (``queueing/a2a_push.py``). The tenant's keys' only:
-  an end user's token sets and deletes none, and reads them without their credentials.
+  an end user's token, whose card says ``pushNotifications: false``, sets, reads and deletes none.
 
 Tenancy: every call acts for the request's caller (``core.endusers.Caller``, the API's own
 auth, handed in a context variable the route sets): a task of another tenant, of another end
