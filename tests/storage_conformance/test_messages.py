@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from agentq.core.errors import IllegalTransition
 from agentq.core.models import TaskStatus
 from agentq.storage import keys
 from agentq.storage.container import Storage
@@ -93,3 +94,35 @@ def test_a_message_sent_from_a_stale_read_of_the_conversation_is_refused_by_both
     # Nothing of the refused attempt was written: one accept event per message.
     events = backend.table.query(keys.task_pk(task_id), prefix=keys.EVENT)
     assert [e["type"] for e in events].count("message.received") == earlier + 2
+
+
+def test_a_message_that_may_not_reopen_a_task_is_refused_by_the_write_when_the_task_ended_after_its_read(
+    backend: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``reopen_ended=False`` (A2A's messages: a task never restarts): the sender read the task
+    running, and it was answered before the write. The write, conditioned on the status read,
+    takes nothing; the attempt after it reads the end and refuses, naming the status; the task
+    stays answered. Without the flag the same message is a follow-up that reopens it."""
+    task_id = new_task(backend)
+    got = backend.tasks.claim(task_id, "w1", 30)
+    assert got is not None
+    messages = backend.messages
+    real_meta: Callable[..., Item] = messages._meta
+    reads = 0
+
+    def ended_after_the_read(task: str, tenant: str | None) -> Item:
+        nonlocal reads
+        read = real_meta(task, tenant)
+        reads += 1
+        if reads == 1:  # the task is answered between this read and the write built from it
+            backend.tasks.transition(task_id, TaskStatus.SUCCEEDED, lease=got[0])
+        return read
+
+    monkeypatch.setattr(messages, "_meta", ended_after_the_read)
+    with pytest.raises(IllegalTransition) as refused:
+        messages.accept(task_id, "and another thing", reopen_ended=False)
+    monkeypatch.undo()
+    assert reads == 2 and refused.value.details == {"status": "succeeded"}
+    assert backend.tasks.get(task_id).status is TaskStatus.SUCCEEDED
+    assert backend.messages.inbox(task_id).received == 0
+    assert messages.accept(task_id, "and another thing").reopened  # the HTTP API's follow-up

@@ -195,10 +195,7 @@ class AgentqRequestHandler(PushConfigMethods, ListingMethods):
             if task.status.terminal:
                 # A2A ends a task for good (agentq would reopen an answered one): a new message in
                 # the context (its contextId, no taskId) starts the next task instead.
-                raise _errors().UnsupportedOperationError(
-                    message=f"task {task.task_id} has ended ({task.status.value}): send a new message with "
-                    f"contextId {views.context_id(task)!r} and no taskId for a new task"
-                )
+                raise _ended(task, task.status.value)
             undo = self._store_push_undoably(task.task_id, task.tenant, push)[1] if push is not None else None
             try:
                 return self._continue(task, message, text)
@@ -248,8 +245,16 @@ class AgentqRequestHandler(PushConfigMethods, ListingMethods):
         decided = self._decide(task, message, text)
         if decided is not None:
             return decided, 0
-        sent = send_message(deps.store, deps.queues, task.task_id, text, tenant=task.tenant,
-                            idempotency_key=_idempotency_key(call, message.message_id, task.task_id, text))  # fmt: skip
+        try:
+            # The end is checked again in the write that takes the message: a task that ended since
+            # the read above is refused there, never reopened.
+            sent = send_message(deps.store, deps.queues, task.task_id, text, tenant=task.tenant, reopen_ended=False,
+                                idempotency_key=_idempotency_key(call, message.message_id, task.task_id, text))  # fmt: skip
+        except IllegalTransition as exc:
+            status = exc.details.get("status")
+            if isinstance(status, str) and TaskStatus(status).terminal:
+                raise _ended(task, status) from None
+            raise
         return deps.store.tasks.get(task.task_id), sent.message.seq
 
     def _decide(self, task: Task, message: Any, text: str) -> Task | None:
@@ -359,6 +364,14 @@ def _idempotency_key(call: Call, message_id: str, where: str, text: str) -> str 
     parts = (call.idempotency_key, call.agent, where, message_id, text)
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:40]
     return f"a2a:{call.caller.user}#{digest}" if call.caller.user else f"a2a:{digest}"
+
+
+def _ended(task: Task, status: str) -> Exception:
+    """A message to a task that has ended: A2A's UnsupportedOperation, naming the next task's way."""
+    return _errors().UnsupportedOperationError(  # type: ignore[no-any-return]
+        message=f"task {task.task_id} has ended ({status}): send a new message with contextId "
+        f"{views.context_id(task)!r} and no taskId for a new task"
+    )
 
 
 def _decision_key(call: Call, message_id: str, task_id: str, text: str) -> str:

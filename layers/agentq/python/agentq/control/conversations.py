@@ -37,12 +37,15 @@ def send_message(
     add_tokens: int = 0,
     add_steps: int = 0,
     add_usd: Decimal = Decimal(0),
+    reopen_ended: bool = True,
 ) -> Accepted:
     """Give ``text`` to the task (see the module); ``add_tokens``, ``add_steps`` and ``add_usd``
     raise its caps with it, which is how a task that ran out of budget takes a follow-up (and how
     a long conversation gets more turns). The raise is written by the very write that accepts the
     message (``storage.messages``), after its checks and its idempotency key's: a refused message
-    raises nothing, and a retry of one that was taken raises nothing again."""
+    raises nothing, and a retry of one that was taken raises nothing again. ``reopen_ended``
+    False: a task that has ended, an answered one too, is refused by that write
+    (``IllegalTransition`` with its ``status``), never reopened (A2A's messages)."""
     if not text.strip():
         raise ValidationError("text must not be empty", field="text")
     if len(text) > MAX_MESSAGE_CHARS:
@@ -62,6 +65,7 @@ def send_message(
         idempotency_key=idempotency_key,
         double_texting=task.submission.double_texting,
         raised=raised,
+        reopen_ended=reopen_ended,
     )
     if accepted.reopened:
         queues.send(task_id, task.submission.priority, tenant=task.tenant)

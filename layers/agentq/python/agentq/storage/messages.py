@@ -202,9 +202,13 @@ class Messages:
         idempotency_key: str | None = None,
         double_texting: DoubleTexting = "queue",
         raised: BudgetRaise | None = None,
+        reopen_ended: bool = True,
     ) -> Accepted:
         """Accept ``text`` as the task's next message (see the module), with ``raised``, the
-        budget raise it carries, in the same write."""
+        budget raise it carries, in the same write. ``reopen_ended`` False: a task that has ended
+        (an answered one too) is refused, ``IllegalTransition`` with its ``status``, read in the
+        attempt whose write is conditioned on it, so a task that ends meanwhile is never reopened
+        (A2A: a task never restarts)."""
         request_hash = _request_hash(text, raised)
         for _ in range(ACCEPT_ATTEMPTS):
             meta = self._meta(task_id, tenant)
@@ -213,6 +217,9 @@ class Messages:
                 if replay is not None:
                     return replay
             status = TaskStatus(str(meta["status"]))
+            if status.terminal and not reopen_ended:
+                raise IllegalTransition(f"task {task_id} has ended ({status.value}) and takes no message here",
+                                        field="task_id", status=status.value)  # fmt: skip
             self._check(task_id, meta, status, double_texting, raised)
             reopens = status in REOPENED or (raised is not None and status is TaskStatus.COST_EXCEEDED)
             received = int(meta.get("messages_received") or 0)
