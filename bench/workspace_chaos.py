@@ -55,7 +55,8 @@ from _report import report  # noqa: E402
 from agentq.control.submit import submit  # noqa: E402
 from agentq.core.models import LLMStep, TaskSubmission, ToolsStep  # noqa: E402
 from agentq.core.workspace import EMPTY, Manifest, WorkspaceRefused  # noqa: E402
-from agentq.core.workspace_disk import restore, scan  # noqa: E402
+from agentq.core.workspace_disk import scan  # noqa: E402
+from agentq.core.workspace_restore import restore  # noqa: E402
 from agentq.resources import QueueSettings  # noqa: E402
 from agentq.runtime import build_registry  # noqa: E402
 from agentq.worker import WorkerConfig  # noqa: E402

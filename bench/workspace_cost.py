@@ -80,7 +80,8 @@ from agentq.core.models import LLMStep, TaskSubmission, ToolsStep  # noqa: E402
 from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory  # noqa: E402
 from agentq.core.tools import default_registry  # noqa: E402
 from agentq.core.workspace import EMPTY, Manifest  # noqa: E402
-from agentq.core.workspace_disk import ScanCache, restore, scan  # noqa: E402
+from agentq.core.workspace_disk import ScanCache, scan  # noqa: E402
+from agentq.core.workspace_restore import restore  # noqa: E402
 from agentq.resources import QueueSettings, provision  # noqa: E402
 from agentq.runtime import Settings, build_store, session  # noqa: E402
 from agentq.sandbox.workspace import WorkspaceSandbox  # noqa: E402

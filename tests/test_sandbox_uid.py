@@ -24,7 +24,8 @@ import pytest
 
 from agentq.core.tools import ToolContext, default_registry, idempotency_key_for
 from agentq.core.workspace import Entry, Manifest
-from agentq.core.workspace_disk import restore, scan
+from agentq.core.workspace_disk import scan
+from agentq.core.workspace_restore import restore
 from agentq.sandbox import bwrap
 from agentq.sandbox.workspace import WorkspaceLimits, WorkspaceSandbox
 

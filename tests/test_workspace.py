@@ -20,7 +20,7 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import MAX_GOAL_CHARS, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.tools import default_registry
 from agentq.core.workspace import MAX_SEED_ENCODED_BYTES, MAX_SEED_FILES, Entry, Manifest, WorkspaceQuota
-from agentq.core.workspace_disk import restore
+from agentq.core.workspace_restore import restore
 from agentq.storage.container import Storage
 from agentq.storage.workspaces import blob_key, workspace_prefix
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from agentq.core.workspace import Entry, Manifest, WorkspaceRestoreFailed, WorkspaceUnscannable
-from agentq.core.workspace_disk import open_verified, opened, read_verified, restore, scan, wipe
+from agentq.core.workspace_disk import open_verified, opened, read_verified, scan, wipe
+from agentq.core.workspace_restore import restore
 from agentq.core.workspace_stream import CHUNK
 from agentq.storage.container import Storage
 from agentq.storage.serdes import MissingObject
@@ -110,7 +111,8 @@ def test_a_manifest_naming_one_path_twice_is_refused() -> None:
 AS_NOBODY = r"""
 import hashlib, os, stat, sys
 from pathlib import Path
-from agentq.core.workspace_disk import read_verified, restore, scan, wipe
+from agentq.core.workspace_disk import read_verified, scan, wipe
+from agentq.core.workspace_restore import restore
 
 os.chdir(sys.argv[1])  # owned by nobody; its parents are not theirs to search
 os.setgid(65534)

@@ -17,7 +17,7 @@ from typing import Any
 from agentq.control.submit import submit
 from agentq.core.models import TaskStatus, ToolsStep
 from agentq.core.workspace import Manifest
-from agentq.core.workspace_disk import restore
+from agentq.core.workspace_restore import restore
 from agentq.runtime import build_registry
 from agentq_dev.stack import LocalStack
 

@@ -30,7 +30,7 @@ from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.tools import default_registry
 from agentq.core.workspace import Manifest, WorkspaceQuota
-from agentq.core.workspace_disk import restore
+from agentq.core.workspace_restore import restore
 from agentq.runtime import Settings, engine_config
 from agentq.storage.container import Storage
 from agentq.storage.keys import META, task_pk

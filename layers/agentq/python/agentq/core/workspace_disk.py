@@ -1,4 +1,5 @@
-"""A workspace on the worker's disk: scanned into a manifest, restored from one, removed.
+"""A workspace on the worker's disk: scanned into a manifest, read for upload, removed (restored
+from a manifest by ``core.workspace_restore``, through the walks here).
 
 Everything here works through directory file descriptors: a path is never resolved as a whole,
 each component is opened relative to its parent's descriptor with ``O_NOFOLLOW`` (a directory
@@ -9,7 +10,7 @@ holds more than ``MAX_DEPTH`` descriptors: deeper is refused). A worker that is 
 every file of the workspace (the sandbox's uid maps to it), so one the agent made unreadable
 (``chmod 000``) is given ``u+rwx`` for the read or the removal and, for the scan, its mode put
 back afterwards; a root worker's sandbox is uid 65534 outside (``sandbox.bwrap.outside_owner``),
-which owns the files then, and root reads and removes them whatever their mode. ``restore``
+which owns the files then, and root reads and removes them whatever their mode. ``core.workspace_restore``
 gives what it makes to that owner, so the code may change the files the worker put back.
 A checkpoint of a run that opened a credential scrubs the files in this same walk
 (``core.workspace_scrub``), so what is stored is exactly what was scrubbed.
@@ -29,25 +30,22 @@ import os
 import secrets
 import stat
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentq.core.ports import Readable
 from agentq.core.workspace import (
     MAX_DEPTH,
     Entry,
     Manifest,
     WorkspaceQuota,
-    WorkspaceRestoreFailed,
     WorkspaceTooLarge,
     WorkspaceUnscannable,
     escaped,
     is_utf8,
 )
 from agentq.core.workspace_scrub import MAX_REWRITE_BYTES, OVERLAP, Scrub
-from agentq.core.workspace_stream import CHUNK, VerifiedFile, each, fill
+from agentq.core.workspace_stream import CHUNK, VerifiedFile
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -65,7 +63,7 @@ class ScanCache:
     known: dict[str, tuple[Signature, str]] = field(default_factory=dict)
 
 
-def _chmod_at(dir_fd: int, name: str, mode: int) -> None:
+def chmod_at(dir_fd: int, name: str, mode: int) -> None:
     """chmod without following a link: Python refuses fchmodat's AT_SYMLINK_NOFOLLOW with a
     dir_fd, so through an O_PATH descriptor of the entry itself (what glibc does too)."""
     fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -84,7 +82,7 @@ def _open_at(dir_fd: int, name: str, flags: int, need: int) -> tuple[int, int | 
         return os.open(name, flags, dir_fd=dir_fd), None
     except PermissionError:
         before = stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-        _chmod_at(dir_fd, name, before | need)
+        chmod_at(dir_fd, name, before | need)
         return os.open(name, flags, dir_fd=dir_fd), before
 
 
@@ -383,95 +381,3 @@ def wipe(root: Path) -> None:
     finally:
         os.close(fd)
     os.rmdir(root)
-
-
-def restore(
-    root: Path,
-    manifest: Manifest,
-    fetch: Callable[[str], bytes | Readable],
-    cache: ScanCache | None = None,
-    owner: tuple[int, int] | None = None,
-) -> None:
-    """Make ``root`` exactly ``manifest`` (everything there before is removed), then check it.
-
-    ``fetch(digest)`` returns a file's content, or a stream of it (called from up to ``PARALLEL``
-    threads, each writing its file a ``CHUNK`` at a time); content whose hash or size differs, a
-    missing object, an entry whose parent is not a directory of the manifest, or a result that
-    does not scan back to the manifest raises ``WorkspaceRestoreFailed``. ``owner`` (uid, gid):
-    ``root`` and every entry made are given to it (a link itself, never what it names), before
-    any mode is set: the sandbox's uid when that is not the worker's.
-    """
-    root.mkdir(parents=True, mode=0o700, exist_ok=True)
-    dirs = [e for e in manifest.entries if e.kind == "d"]
-    files = [e for e in manifest.entries if e.kind == "f"]
-    try:
-        with opened(root) as cursor:
-            clear(cursor.chain[0][1])
-            _give_root(cursor.chain[0][1], owner)
-            for entry in dirs:
-                dir_fd, name = cursor.parent(entry.path)
-                os.mkdir(name, 0o700, dir_fd=dir_fd)
-                _chown_at(dir_fd, name, owner)
-            with ThreadPoolExecutor(PARALLEL) as pool:
-                for start in range(0, len(files), PARALLEL):
-                    _fill_window(cursor, pool, files[start : start + PARALLEL], fetch, owner)
-            for entry in manifest.entries:
-                if entry.kind == "l":
-                    dir_fd, name = cursor.parent(entry.path)
-                    os.symlink(entry.digest, name, dir_fd=dir_fd)
-                    _chown_at(dir_fd, name, owner)
-            for entry in sorted(dirs, key=lambda e: e.path.count("/"), reverse=True):
-                dir_fd, name = cursor.parent(entry.path)
-                _chmod_at(dir_fd, name, entry.mode)
-    except OSError as exc:
-        raise WorkspaceRestoreFailed(f"the workspace could not be written: {exc}") from exc
-    try:
-        found = scan(root, cache)
-    except WorkspaceUnscannable as exc:
-        raise WorkspaceRestoreFailed(f"the restored workspace could not be checked: {exc.message}") from exc
-    if found.digest != manifest.digest:
-        raise WorkspaceRestoreFailed(
-            f"the restored workspace does not match its manifest ({found.files} files, {found.total_bytes} bytes "
-            f"restored; {manifest.files} files, {manifest.total_bytes} bytes expected)"
-        )
-
-
-def _give_root(fd: int, owner: tuple[int, int] | None) -> None:
-    """The restored directory itself to ``owner``: the first chown, so the one that says it plainly
-    when the owner cannot have files here (a uid not mapped in the worker's user namespace)."""
-    if owner is None:
-        return
-    try:
-        os.fchown(fd, *owner)
-    except OSError as exc:
-        raise WorkspaceRestoreFailed(
-            f"the workspace cannot be given to uid {owner[0]}, the sandbox's outside its user namespace: {exc.strerror}"
-        ) from exc
-
-
-def _chown_at(dir_fd: int, name: str, owner: tuple[int, int] | None) -> None:
-    """Give the entry ``name`` itself (a link is never followed) to ``owner``, if any."""
-    if owner is not None:
-        os.chown(name, *owner, dir_fd=dir_fd, follow_symlinks=False)
-
-
-def _fill_window(
-    cursor: DirCursor,
-    pool: ThreadPoolExecutor,
-    window: list[Entry],
-    fetch: Callable[[str], bytes | Readable],
-    owner: tuple[int, int] | None = None,
-) -> None:
-    """Create the window's files here (the cursor is this thread's), each given to ``owner``, then
-    fill them in the pool (which sets their mode last: a chown would clear set-id bits after)."""
-    fds: list[int] = []
-    try:
-        for entry in window:
-            dir_fd, name = cursor.parent(entry.path)
-            fds.append(os.open(name, O_CREATE, 0o600, dir_fd=dir_fd))
-            if owner is not None:
-                os.fchown(fds[-1], *owner)
-        each(pool, lambda pair: fill(pair[1], pair[0], fetch(pair[0].digest)), list(zip(window, fds, strict=True)))
-    finally:
-        for fd in fds:
-            os.close(fd)

@@ -18,7 +18,7 @@ cleared, the host's filesystem is not mounted but ``/usr`` and the interpreter r
 another task's workspace is another directory that is never bound. Outside its namespace the
 code is uid 65534 when the worker is root (``bwrap.outside_owner``; the worker's own uid
 otherwise), so the directory is given to that uid before each call (``hand_over``), and what
-the worker restores into it too (``core.workspace_disk.restore``). What it does not bound: the
+the worker restores into it too (``core.workspace_restore``). What it does not bound: the
 total a command writes during a call, and the memory of its processes together (``RLIMIT_AS``
 is per process). See docs/SANDBOX.md.
 """

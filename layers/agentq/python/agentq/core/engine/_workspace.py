@@ -62,7 +62,8 @@ from agentq.core.workspace import (
     stored_start,
 )
 from agentq.core.workspace_diff import changes
-from agentq.core.workspace_disk import PARALLEL, ScanCache, open_verified, opened, restore, row_bytes, scan, wipe
+from agentq.core.workspace_disk import PARALLEL, ScanCache, open_verified, opened, row_bytes, scan, wipe
+from agentq.core.workspace_restore import restore
 from agentq.core.workspace_scrub import Scrub
 from agentq.core.workspace_stream import each
 from agentq.sandbox.base import ExecResult
