@@ -25,6 +25,7 @@ is held whole: the scan, the upload and the restore move ``CHUNK`` bytes of a fi
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import secrets
@@ -69,7 +70,7 @@ def chmod_at(dir_fd: int, name: str, mode: int) -> None:
     fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         if stat.S_ISLNK(os.fstat(fd).st_mode):
-            raise OSError(f"{name!r} became a symbolic link")
+            raise OSError(errno.ELOOP, f"{name!r} became a symbolic link")
         os.chmod(f"/proc/self/fd/{fd}", mode)
     finally:
         os.close(fd)

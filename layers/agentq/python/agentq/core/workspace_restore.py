@@ -3,10 +3,20 @@ the descriptor walks of ``core.workspace_disk``: everything there before is remo
 made relative to its parent's descriptor, never through a link, and the result is scanned back and
 compared with the manifest before anything runs on it. What it makes is given to the uid the
 sandbox is outside its namespace (``owner``), so the code may change the files it is given back.
+
+A restore fails its task for good (``WorkspaceRestoreFailed``, a deterministic fault:
+``core.errors.DETERMINISTIC_FAULTS``) only for what running it again would meet again: content
+that does not hash to its manifest, a missing object (the caller's ``LookupError``), a path of
+the manifest this disk cannot make (``MANIFEST_ERRNOS``). Anything else it meets is an outage of
+the worker or of the bucket, and is raised as it came: a stalled S3 read is botocore's
+``ReadTimeoutError`` (an ``OSError``), a disk a command of any task on the worker filled is
+``ENOSPC``. The run then gives its lease back and the redelivery restores again, here or on
+another worker; before, either failed the task, whoever's it was, at every claim.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +26,12 @@ from agentq.core.ports import Readable
 from agentq.core.workspace import Entry, Manifest, WorkspaceRestoreFailed, WorkspaceUnscannable
 from agentq.core.workspace_disk import O_CREATE, PARALLEL, DirCursor, ScanCache, chmod_at, clear, opened, scan
 from agentq.core.workspace_stream import each, fill
+
+# The errors of a restore that its manifest causes, the same on every disk and every attempt: a
+# parent that is not a directory, a path named twice, a link on the way, a name too long. Every
+# other OSError (a full disk or quota, no descriptor or memory left, an I/O error, a network read:
+# botocore's timeouts are OSErrors whose errno is None) is the host's or the bucket's.
+MANIFEST_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EEXIST, errno.ELOOP, errno.EISDIR, errno.ENAMETOOLONG})
 
 
 def restore(
@@ -30,7 +46,8 @@ def restore(
     ``fetch(digest)`` returns a file's content, or a stream of it (called from up to ``PARALLEL``
     threads, each writing its file a ``CHUNK`` at a time); content whose hash or size differs, a
     missing object, an entry whose parent is not a directory of the manifest, or a result that
-    does not scan back to the manifest raises ``WorkspaceRestoreFailed``. ``owner`` (uid, gid):
+    does not scan back to the manifest raises ``WorkspaceRestoreFailed``; any other error is an
+    outage, raised as it is (``MANIFEST_ERRNOS``). ``owner`` (uid, gid):
     ``root`` and every entry made are given to it (a link itself, never what it names), before
     any mode is set: the sandbox's uid when that is not the worker's.
     """
@@ -57,10 +74,15 @@ def restore(
                 dir_fd, name = cursor.parent(entry.path)
                 chmod_at(dir_fd, name, entry.mode)
     except OSError as exc:
+        if exc.errno not in MANIFEST_ERRNOS:
+            raise  # an outage: the same restore may well succeed once it is over
         raise WorkspaceRestoreFailed(f"the workspace could not be written: {exc}") from exc
     try:
         found = scan(root, cache)
     except WorkspaceUnscannable as exc:
+        cause = exc.__cause__
+        if isinstance(cause, OSError) and cause.errno not in MANIFEST_ERRNOS:
+            raise cause from None  # the disk's fault (EIO, EMFILE...), not the manifest's
         raise WorkspaceRestoreFailed(f"the restored workspace could not be checked: {exc.message}") from exc
     if found.digest != manifest.digest:
         raise WorkspaceRestoreFailed(

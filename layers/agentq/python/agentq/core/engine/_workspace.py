@@ -6,7 +6,9 @@ changed and its manifest are in the bucket *before* the step's commit names the 
 committed step never points at content that is not there; content a turn uploaded whose step
 never committed is never named, and a takeover restores the last committed manifest, so the
 files that turn wrote are gone. A restore that cannot reproduce the manifest exactly fails the
-task (``workspace_restore_failed``) instead of running on a half-restored disk.
+task (``workspace_restore_failed``) instead of running on a half-restored disk; one an outage cut
+short (the bucket, the worker's disk: ``core.workspace_restore``) raises it, and the run gives its
+lease back for the redelivery.
 
 A workspace that starts from a git repository is cloned at the first claim
 (``_workspace_clone``), its content and manifest stored, then recorded on META once (fenced:
