@@ -14,7 +14,8 @@ script on stdin. Before the script runs it:
    clone), no sockets (only an anonymous connected ``socketpair``, which asyncio needs), no
    signals or scheduling/resource changes aimed at another process, no ptrace or reading
    another process's memory, no io_uring (it could open sockets behind seccomp's back), no
-   namespace, mount, module, key-ring or BPF calls. An unexpected architecture (a 32-bit or
+   namespace, mount, module, key-ring or BPF calls, no memory held outside the address space
+   ``RLIMIT_AS`` bounds (``_OUTSIDE_ADDRESS_SPACE``). An unexpected architecture (a 32-bit or
    x32 system call on x86-64) kills the process.
 
 Each step that fails exits with ``SETUP_FAILED_EXIT`` and a line starting with
@@ -64,6 +65,14 @@ _DENY = (
     "personality uselib vhangup setpriority ioprio_set migrate_pages move_pages get_robust_list "
     "process_madvise process_mrelease"
 ).split()
+# Refused to python_exec and the file tools (not to the workspace shell, whose memory is bounded
+# per process only, 256 processes of RLIMIT_AS each: docs/SANDBOX.md): the ways to hold the
+# host's memory outside the address space that ``memory_mb`` (RLIMIT_AS) bounds. A memfd keeps its
+# pages once unmapped (1 GiB held at memory_mb=256, VmRSS 14 MB), a SysV segment or message queue
+# and a POSIX queue belong to the IPC namespace, not to the process (32,000 queues of 16 KB: 500
+# MB), and a socket's send buffer raised with SO_SNDBUF holds up to twice net.core.wmem_max of
+# kernel memory (120 socketpairs: 941 MB). asyncio's socketpair needs no option set.
+_OUTSIDE_ADDRESS_SPACE = "memfd_create memfd_secret shmget shmat msgget msgsnd mq_open setsockopt".split()
 # Allowed only when the first argument is this process (signals to itself: raise(), a thread's
 # own signal handling); anything aimed at another pid gets EPERM.
 _OWN_PID_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
@@ -88,7 +97,8 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "ioperm": 173, "personality": 135, "uselib": 134, "vhangup": 153, "prlimit64": 302,
         "sched_setaffinity": 203, "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314,
         "setpriority": 141, "ioprio_set": 251, "migrate_pages": 256, "move_pages": 279,
-        "get_robust_list": 274, "process_madvise": 440, "process_mrelease": 448,
+        "get_robust_list": 274, "process_madvise": 440, "process_mrelease": 448, "memfd_create": 319,
+        "memfd_secret": 447, "shmget": 29, "shmat": 30, "msgget": 68, "msgsnd": 69, "mq_open": 240, "setsockopt": 54,
     },
     "aarch64": {
         "execve": 221, "execveat": 281, "clone": 220, "clone3": 435, "socket": 198, "socketpair": 199,
@@ -107,7 +117,8 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "vhangup": 58, "prlimit64": 261, "sched_setaffinity": 122, "sched_setscheduler": 119,
         "sched_setparam": 118, "sched_setattr": 274, "setpriority": 140, "ioprio_set": 30,
         "migrate_pages": 238, "move_pages": 239, "get_robust_list": 100, "process_madvise": 440,
-        "process_mrelease": 448,
+        "process_mrelease": 448, "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "shmat": 196,
+        "msgget": 186, "msgsnd": 189, "mq_open": 180, "setsockopt": 208,
     },
 }  # fmt: skip
 
@@ -141,10 +152,12 @@ def build_filter(arch: str, own_pid: int, *, processes: bool = False) -> bytes:
     Argument checks look at the low 32 bits only, which is what the kernel itself reads for
     a ``pid_t`` or ``int`` argument, so the upper half cannot be used to sneak past them.
     ``processes``: the workspace shell's filter (see ``_PROCESS_CALLS``); still no ptrace,
-    namespaces, mounts, modules, BPF, io_uring, nor a socket family but Unix, IPv4 and IPv6.
+    namespaces, mounts, modules, BPF, io_uring, nor a socket family but Unix, IPv4 and IPv6; but
+    memfds, SysV IPC, POSIX queues and socket options, which python_exec's filter refuses.
     """
     table = SYSCALLS[arch]
     deny = [n for n in _DENY if not (processes and n in (*_PROCESS_CALLS, *_SOCKET_CALLS))]
+    deny += [] if processes else list(_OUTSIDE_ADDRESS_SPACE)
     prog: list[tuple[int, int | str, int | str, int]] = []
 
     def op(code: int, k: int, jt: int | str = 0, jf: int | str = 0) -> None:
