@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from agentq.core.workspace import Entry, Manifest, WorkspaceRestoreFailed, Works
 from agentq.core.workspace_disk import open_verified, opened, read_verified, scan, wipe
 from agentq.core.workspace_restore import restore
 from agentq.core.workspace_stream import CHUNK
+from agentq.sandbox.workspace import WorkspaceSandbox
 from agentq.storage.container import Storage
 from agentq.storage.serdes import MissingObject
 
@@ -157,3 +159,66 @@ def test_a_worker_that_is_not_root_scans_reads_restores_and_removes_what_the_age
         [sys.executable, "-c", AS_NOBODY, str(home)], check=False, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+
+
+# The workspace directory itself made unreadable by the agent (``chmod 000 /workspace``, or any mode
+# without u+rwx). A worker that is not root (the EC2 tier's) gave back the access the agent took
+# from an entry but not from the root: the scan refused the turn ("could not be read at '.'"), the
+# revert's restore then failed the task workspace_restore_failed, and the run's end could not
+# remove the directory.
+ROOT_AS_NOBODY = r"""
+import os, stat, sys
+from pathlib import Path
+from agentq.core.workspace import Manifest
+from agentq.core.workspace_disk import read_verified, scan, wipe
+from agentq.core.workspace_restore import restore
+
+os.chdir(sys.argv[1])  # owned by nobody; its parents are not theirs to search
+os.setgid(65534)
+os.setuid(65534)
+ws = Path("ws")
+committed = Manifest.from_bytes(sys.argv[2].encode())
+turn = scan(ws)  # the checkpoint; was: WorkspaceUnscannable "could not be read at '.': Permission denied"
+assert sorted(e.path for e in turn.entries) == ["d", "f"], turn.entries
+assert read_verified(ws, turn.by_path()["f"]) == b"x\n"  # the upload's read
+restore(ws, committed, {}.__getitem__)  # the revert; was: WorkspaceRestoreFailed "Permission denied"
+assert stat.S_IMODE(os.stat(ws).st_mode) & stat.S_IRWXU == stat.S_IRWXU  # the next call can enter it
+wipe(ws)  # the run's end; was: PermissionError
+assert not ws.exists()
+print("ok")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become uid 65534 (a worker that is not root)")
+def test_a_worker_that_is_not_root_scans_restores_and_removes_a_workspace_directory_the_agent_made_unreadable(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "nobody"
+    home.mkdir()
+    os.chown(home, 65534, 65534)
+    ws = home / "ws"
+    (ws / "d").mkdir(parents=True, mode=0o700)
+    for path in (ws, ws / "d"):
+        os.chown(path, 65534, 65534)
+    committed = scan(ws)  # the last committed step: one empty directory
+    out = WorkspaceSandbox().shell(ws, "echo x > f; chmod 000 /workspace", 20)  # the agent's command
+    assert out.exit_code == 0 and stat.S_IMODE(ws.stat().st_mode) == 0, out.stderr
+    done = subprocess.run(
+        [sys.executable, "-c", ROOT_AS_NOBODY, str(home), committed.to_bytes().decode()],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr[-600:]
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="the workspace tools need bubblewrap")
+def test_the_call_after_one_that_made_the_workspace_directory_unreadable_can_enter_it(tmp_path: Path) -> None:
+    """The checkpoint's scan gives the directory back whoever the worker is (root reads it
+    whatever its mode, but the sandbox it starts does not): before, every later call of the run
+    failed in bubblewrap ("Can't chdir to /workspace") until a takeover's restore made it anew."""
+    ws = tmp_path / "ws"
+    ws.mkdir(mode=0o700)
+    sandbox = WorkspaceSandbox()
+    assert sandbox.shell(ws, "echo x > f; chmod 000 /workspace", 20).exit_code == 0
+    assert [e.path for e in scan(ws).entries] == ["f"]  # the checkpoint
+    after = sandbox.shell(ws, "cat f", 20)
+    assert (after.exit_code, after.stdout) == (0, "x\n"), after.stderr

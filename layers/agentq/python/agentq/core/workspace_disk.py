@@ -9,7 +9,7 @@ iterative (a tree as deep as the agent likes neither overflows Python's stack no
 holds more than ``MAX_DEPTH`` descriptors: deeper is refused). A worker that is not root owns
 every file of the workspace (the sandbox's uid maps to it), so one the agent made unreadable
 (``chmod 000``) is given ``u+rwx`` for the read or the removal and, for the scan, its mode put
-back afterwards; a root worker's sandbox is uid 65534 outside (``sandbox.bwrap.outside_owner``),
+back afterwards (the workspace directory itself is given ``u+rwx`` for good: ``open_root``); a root worker's sandbox is uid 65534 outside (``sandbox.bwrap.outside_owner``),
 which owns the files then, and root reads and removes them whatever their mode. ``core.workspace_restore``
 gives what it makes to that owner, so the code may change the files the worker put back.
 A checkpoint of a run that opened a credential scrubs the files in this same walk
@@ -91,6 +91,22 @@ def open_dir(dir_fd: int, name: str) -> tuple[int, int | None]:
     return _open_at(dir_fd, name, O_DIR, stat.S_IRWXU)
 
 
+def open_root(root: Path) -> int:
+    """The workspace directory itself, open, its owner's ``u+rwx`` given back first if the agent
+    took any of it (``chmod 000 /workspace``: a worker that is not root could then neither scan,
+    restore nor remove it, and no sandbox of either kind could enter it). Not put back: the root
+    is no entry of the manifest, and a takeover's claim makes it anew, 0700 (``mkdtemp``), so a
+    mode with ``u+rwx`` is what a takeover would start from too."""
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode & stat.S_IRWXU != stat.S_IRWXU:
+            os.chmod(f"/proc/self/fd/{fd}", mode | stat.S_IRWXU)
+        return os.open(".", O_DIR, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class _Frame:
     fd: int
@@ -123,7 +139,7 @@ def scan(
         return WorkspaceTooLarge(f"the workspace holds more than its limit of {what}")
 
     try:
-        fd = os.open(root, O_DIR)
+        fd = open_root(root)
         stack.append(_Frame(fd, "", sorted(os.listdir(fd)), None))
         while stack:
             frame = stack[-1]
@@ -304,7 +320,7 @@ class DirCursor:
 
 @contextmanager
 def opened(root: Path) -> Iterator[DirCursor]:
-    fd = os.open(root, O_DIR)
+    fd = open_root(root)
     cursor = DirCursor(fd)
     try:
         yield cursor
@@ -374,7 +390,7 @@ def clear(dir_fd: int) -> None:
 def wipe(root: Path) -> None:
     """Remove ``root`` and everything under it (nothing if it is not there)."""
     try:
-        fd = os.open(root, O_DIR)
+        fd = open_root(root)
     except FileNotFoundError:
         return
     try:
