@@ -9,6 +9,7 @@ of the test's own), so that what boto3 buffers of a streamed body counts too."""
 from __future__ import annotations
 
 import os
+import tracemalloc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,8 @@ import pytest
 
 from agentq.core.engine._session import LeaseState, Session
 from agentq.core.engine._workspace import Workspaces
-from agentq.core.workspace import WorkspaceQuota
+from agentq.core.workspace import WorkspaceQuota, WorkspaceTooLarge
+from agentq.core.workspace_disk import scan, wipe
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_store, session
 from agentq.storage.container import Storage
@@ -97,3 +99,31 @@ def test_a_checkpoint_and_a_restore_of_sparse_files_hold_a_bounded_part_of_them_
     finally:
         workspaces.close(s)
     assert (checkpoint < BOUND, restore < BOUND) == (True, True), (checkpoint // MIB, restore // MIB)
+
+
+def test_a_directory_of_many_names_costs_the_scan_no_more_than_the_quota_counts_and_its_removal_a_bounded_part(
+    tmp_path: Path,
+) -> None:
+    """A command may make millions of empty files in one directory during a call (1M took 107 s
+    here; a call may last 10 minutes), whatever the quota, which is checked after it. The scan
+    listed and sorted the whole directory before it counted one entry against ``max_files``, and
+    the removal (the revert's restore, the run's end) listed it whole too: 135 MB of the shared
+    worker per million names, twice. Now the scan reads no more names than the quota lets it
+    count, and the removal removes each entry as it reads it. Measured with tracemalloc, which
+    sees every name Python holds: 200,000 names were 15 MB to each before."""
+    root = tmp_path / "ws"
+    (root / "d").mkdir(parents=True)
+    for i in range(200_000):
+        os.close(os.open(root / "d" / f"f{i:09d}", os.O_CREAT | os.O_WRONLY, 0o644))
+    tracemalloc.start()
+    try:
+        with pytest.raises(WorkspaceTooLarge, match="more than its limit of 1000 entries"):
+            scan(root, quota=WorkspaceQuota(max_files=1000))
+        _, scanned = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        wipe(root)
+        _, removed = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not root.exists()
+    assert (scanned < MIB, removed < 4 * MIB) == (True, True), (scanned // 1024, removed // 1024)  # KiB

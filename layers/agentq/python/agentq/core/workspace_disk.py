@@ -52,6 +52,7 @@ O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 O_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 PARALLEL = 16  # files a checkpoint or a restore moves at once (a CHUNK of each in memory)
+CLEAR_DEPTH = MAX_DEPTH // 2  # the removal's levels hold two descriptors each (its own, its listing's)
 ROW_OVERHEAD = 96  # a manifest row's bytes besides its path and link target (kind, mode, size, hash)
 
 # What a scan remembers of a file it hashed, so the next scan hashes only what changed: size,
@@ -138,9 +139,23 @@ def scan(
         assert quota is not None
         return WorkspaceTooLarge(f"the workspace holds more than its limit of {what}")
 
+    def too_many() -> WorkspaceTooLarge:
+        assert quota is not None
+        return over(f"{quota.max_files} entries (files, directories, links and others)")
+
+    def listed(fd: int) -> list[str]:
+        """The names of the directory ``fd``, sorted; refused as soon as they pass what the quota
+        can still count (each is an entry, and those listed but not counted yet are held too)."""
+        room = None if quota is None else quota.max_files - count - sum(len(f.names) - f.at for f in stack)
+        names = _names(fd, room)
+        if names is None:
+            raise too_many()
+        return sorted(names)
+
     try:
         fd = open_root(root)
-        stack.append(_Frame(fd, "", sorted(os.listdir(fd)), None))
+        stack.append(_Frame(fd, "", [], None))
+        stack[-1].names = listed(fd)
         while stack:
             frame = stack[-1]
             if frame.at == len(frame.names):
@@ -154,7 +169,7 @@ def scan(
             st = os.stat(name, dir_fd=frame.fd, follow_symlinks=False)
             count += 1
             if quota is not None and count > quota.max_files:
-                raise over(f"{quota.max_files} entries (files, directories, links and others)")
+                raise too_many()
             mode = stat.S_IMODE(st.st_mode) & 0o777
             if stat.S_ISLNK(st.st_mode):
                 entry = Entry(rel, "l", 0o777, 0, _utf8(os.readlink(name, dir_fd=frame.fd), "link target", shown, rel))
@@ -164,7 +179,7 @@ def scan(
                 entry = Entry(rel, "d", mode)
                 child, back = open_dir(frame.fd, name)
                 stack.append(_Frame(child, rel + "/", [], back))
-                stack[-1].names = sorted(os.listdir(child))
+                stack[-1].names = listed(child)
             elif stat.S_ISREG(st.st_mode):
                 total += st.st_size
                 if quota is not None and total > quota.max_bytes:
@@ -196,6 +211,19 @@ def scan(
         scrub.check(manifest)
     cache.known = seen
     return manifest
+
+
+def _names(fd: int, most: int | None) -> list[str] | None:
+    """The names in the directory ``fd``, read one at a time (``os.scandir``); None as soon as
+    there are more than ``most``, before the rest is read. ``os.listdir`` held them all: a
+    command may make millions in a call (135 MB of the worker per million)."""
+    names: list[str] = []
+    with os.scandir(fd) as listing:
+        for entry in listing:
+            if most is not None and len(names) >= most:
+                return None
+            names.append(entry.name)
+    return names
 
 
 def row_bytes(entry: Entry) -> int:
@@ -356,35 +384,44 @@ def read_verified(root: Path, entry: Entry) -> bytes:
 
 def clear(dir_fd: int) -> None:
     """Remove everything in the directory ``dir_fd`` (not itself), however deep and whatever
-    modes the agent left (each directory is given ``u+rwx`` first). Iterative; a subtree more
-    than ``MAX_DEPTH`` below ``dir_fd`` is first moved up into ``dir_fd`` (a rename), so no more
-    than that many descriptors are ever open."""
-    stack: list[tuple[int, str, int, list[str]]] = []  # parent, name, own descriptor, names left
+    modes the agent left (each directory is given ``u+rwx`` first). Iterative, each directory
+    read as it is emptied (an entry removed as ``os.scandir`` hands it out), so what it holds is a
+    listing's buffer per level, never a directory's names; a subtree more than ``CLEAR_DEPTH``
+    below ``dir_fd`` is first moved up into ``dir_fd`` (a rename, found by the next pass), so no
+    more than twice that many descriptors are ever open."""
+    stack: list[tuple[int, str, int, os._ScandirIterator[str]]] = []  # parent, name, own fd, its listing
     try:
-        while names := os.listdir(dir_fd):
-            stack = [(dir_fd, "", dir_fd, names)]
+        while _names(dir_fd, 0) is None:  # anything left in it (moved up, or made while it was read)
+            stack = [(dir_fd, "", dir_fd, os.scandir(dir_fd))]
             while stack:
-                parent, name, own, left = stack[-1]
-                if not left:
+                parent, name, own, listing = stack[-1]
+                child = next(listing, None)
+                if child is None:
                     stack.pop()
-                    if stack:  # not dir_fd itself: the outer loop lists that again
+                    listing.close()
+                    if stack:  # not dir_fd itself: the outer loop reads that again
                         os.close(own)
                         os.rmdir(name, dir_fd=parent)
                     continue
-                child = left.pop()
-                st = os.stat(child, dir_fd=own, follow_symlinks=False)
+                st = os.stat(child.name, dir_fd=own, follow_symlinks=False)
                 if not stat.S_ISDIR(st.st_mode):
-                    os.unlink(child, dir_fd=own)
-                elif len(stack) > MAX_DEPTH:  # too deep to hold its chain open: move it up
-                    os.rename(child, f".agentq-deep-{secrets.token_hex(8)}", src_dir_fd=own, dst_dir_fd=dir_fd)
+                    os.unlink(child.name, dir_fd=own)
+                elif len(stack) > CLEAR_DEPTH:  # too deep to hold its chain open: move it up
+                    os.rename(child.name, f".agentq-deep-{secrets.token_hex(8)}", src_dir_fd=own, dst_dir_fd=dir_fd)
                 else:
-                    fd, _ = open_dir(own, child)
-                    stack.append((own, child, fd, []))
-                    os.fchmod(fd, stat.S_IRWXU)
-                    stack[-1][3].extend(os.listdir(fd))
+                    fd, _ = open_dir(own, child.name)
+                    try:
+                        os.fchmod(fd, stat.S_IRWXU)
+                        inner = os.scandir(fd)
+                    except BaseException:
+                        os.close(fd)
+                        raise
+                    stack.append((own, child.name, fd, inner))
     finally:
-        for _, _, own, _ in stack[1:]:
-            os.close(own)
+        for level, (_, _, own, listing) in enumerate(stack):
+            listing.close()
+            if level:
+                os.close(own)
 
 
 def wipe(root: Path) -> None:
