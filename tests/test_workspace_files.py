@@ -306,7 +306,10 @@ def test_answers_stay_bounded_a_large_file_is_refused_and_a_long_diff_is_cut(
     assert (caught.value.status, caught.value.field) == (422, "path")
     found = api.diff(task.task_id, 0)
     assert found.added == ["big.bin", "t.txt"] and found.truncated
-    assert "+++ b/big.bin\nLarge files differ\n" in found.patch and len(found.patch) <= MAX_PATCH_CHARS
+    named = (
+        f"+++ b/big.bin\nLarge files differ (b: {MAX_FILE_BYTES + 1} bytes, sha256 "  # sizes and hashes: compare them
+    )
+    assert named in found.patch and len(found.patch) <= MAX_PATCH_CHARS
 
 
 def test_a_download_goes_only_into_a_new_or_empty_directory(tmp_path: Path) -> None:

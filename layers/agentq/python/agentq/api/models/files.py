@@ -41,8 +41,10 @@ class FileDiff(ApiModel):
     added: list[str]
     removed: list[str]
     changed: list[str] = Field(description="content, mode or link target changed")
-    patch: str = Field(description="a unified diff of the text files among them; binary and large files are "
-                       "named ('Binary files differ'), not shown")  # fmt: skip
+    patch: str = Field(description="a unified diff of the text files among them; binary files are named "
+                       "('Binary files differ'), not shown, and so are files over 1 MB or whose diff would take "
+                       "more line comparisons than it is allowed ('Large files differ', with both sides' sizes and "
+                       "sha256 hashes)")  # fmt: skip
     truncated: bool = Field(description="the patch was cut at its size limit; the path lists are whole")
 
 
