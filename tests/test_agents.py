@@ -12,9 +12,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from agentq.runtime import Settings, build_store
+
 from tests.api_support import ApiStack
 from tests.helpers import call, run_agentq
 from tests.lambda_support import LAMBDA_RESPONSE_BYTES, lambda_pages
+from tests.racers import race
 from tests.test_api_routes import Api, api
 
 __all__ = ["api"]  # the deployment of tests/test_api_routes.py: the Lambda handler, its own table
@@ -80,6 +83,21 @@ def test_racing_creators_get_distinct_versions_and_none_is_lost(api_stack: ApiSt
     _, history, _ = api_stack.http("GET", f"/agents/{name}/versions")
     texts = {v["version"]: v["script"]["turns"][-1]["text"] for v in history["versions"]}
     assert {body["agent"]["version"]: body["agent"]["script"]["turns"][-1]["text"] for _, body, _ in answers} == texts
+
+
+def test_sixteen_creator_processes_at_one_instant_get_versions_1_to_16_and_none_is_refused(settings: Settings) -> None:
+    """16 processes (forked, each its own client, as 16 API Lambdas would be) create a different
+    definition of one agent at the same instant: each loses the race for HEAD to every writer
+    ahead of it, and each loss is another's version written, so it tries again (after a jittered
+    wait) until it has its own; none is refused agent_conflict, and the version each was told it
+    got holds its definition."""
+    name, n = f"r-{uuid.uuid4().hex[:8]}", 16
+    reports = race(settings, "tests.version_racer", [["create", "t", name, str(i)] for i in range(n)])
+    assert [r for r in reports if "error" in r] == []
+    assert sorted(r["version"] for r in reports) == list(range(1, n + 1))
+    store = build_store(settings)
+    for r in reports:
+        assert r["created"] and store.agents.get("t", name, r["version"]).system == r["system"]
 
 
 def test_a_task_of_an_agent_runs_the_version_it_pinned_even_after_a_new_one(api_stack: ApiStack) -> None:

@@ -9,13 +9,18 @@ Items (``storage.keys``), all in the partition ``AGENT#<tenant>#<name>``:
 
 A new version is one transaction: put ``V#n+1`` if absent, and move ``HEAD`` from ``n`` to
 ``n+1`` on the condition that it is still at ``n``. A writer that lost the race reads ``HEAD``
-again and tries the next number. Creating what the latest version already is creates nothing
-and returns that version, so applying the same file twice is harmless.
+again and tries the next number, after a jittered wait that doubles with each loss: each loss is
+another writer's version written, so racing writers always make progress, and the waits spread
+them out rather than having all of them meet again at once (16 creators at one instant each get
+a version; with 8 attempts and no wait the last of them was refused ``agent_conflict``).
+Creating what the latest version already is creates nothing and returns that version, so
+applying the same file twice is harmless.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import time
 
 from agentq.core.agents import AgentSpec, AgentSummary, AgentVersion
@@ -25,7 +30,12 @@ from agentq.storage import keys
 from agentq.storage.table import Item, Put, Table, TransactionCancelled, absent, plain
 
 MAX_SPEC_BYTES = 300_000  # a version is one item: far under DynamoDB's 400 KB, with room for keys
-ATTEMPTS = 8
+# A writer loses at most once to each writer ahead of it: 40 attempts outlast far more
+# concurrent creators of one agent than a tenant has, the waits (full jitter, up to
+# BACKOFF_SECONDS * 2**attempt, at most BACKOFF_CAP_SECONDS each) a few seconds at worst.
+ATTEMPTS = 40
+BACKOFF_SECONDS = 0.005
+BACKOFF_CAP_SECONDS = 0.2
 LIST_PAGE = 100
 
 
@@ -59,7 +69,9 @@ class Agents:
             )
         digest = spec.digest(mcp_tools)
         pk = keys.agent_pk(tenant, spec.name)
-        for _ in range(ATTEMPTS):
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                time.sleep(random.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_SECONDS * 2**attempt)))
             head = self.table.get({"pk": pk, "sk": keys.AGENT_HEAD})
             latest = int(head["latest"]) if head else 0
             if head is not None and head.get("digest") == digest:
@@ -102,7 +114,7 @@ class Agents:
                     ]
                 )
             except TransactionCancelled:
-                continue  # another writer took this number: read HEAD again
+                continue  # another writer took this number: read HEAD again, after a wait
             return version, True
         raise AgentConflict(f"agent {spec.name!r} is being changed by others; try again", field="name")
 
