@@ -12,6 +12,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agentq.runtime import Settings, build_store
 
 from tests.api_support import ApiStack
@@ -98,6 +100,40 @@ def test_sixteen_creator_processes_at_one_instant_get_versions_1_to_16_and_none_
     store = build_store(settings)
     for r in reports:
         assert r["created"] and store.agents.get("t", name, r["version"]).system == r["system"]
+
+
+def test_post_agents_that_meets_another_writers_transaction_on_head_tries_again_and_answers_the_version(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DynamoDB cancels a transaction that meets another one on an item (two creators writing an
+    agent's HEAD at one moment) with the reason TransactionConflict: nothing written, and a
+    separate botocore answer from a failed condition. The version's create tries again on it,
+    as on a lost race, where it escaped POST /agents as a 500 internal_error. Moto never answers
+    it: DynamoDB's answer is made here, at botocore, three times running."""
+    import botocore.client
+    from botocore.exceptions import ClientError
+
+    name = f"tc-{uuid.uuid4().hex[:8]}"
+    original = botocore.client.BaseClient._make_api_call  # type: ignore[attr-defined]
+    left = {"n": 3}
+
+    def busy(client: Any, operation: str, params: dict[str, Any]) -> Any:
+        items = [op for item in params.get("TransactItems", []) for op in item.values()]
+        heads = [op for op in items if op.get("Item", {}).get("sk") == {"S": "HEAD"} and name in json.dumps(op)]
+        if operation == "TransactWriteItems" and heads and left["n"]:
+            left["n"] -= 1
+            reasons = [{"Code": "TransactionConflict" if op in heads else "None"} for op in items]
+            answer: Any = {"Error": {"Code": "TransactionCanceledException", "Message": "Transaction cancelled, "
+                           "please refer cancellation reasons for specific reasons [None, TransactionConflict]"},
+                           "CancellationReasons": reasons}  # fmt: skip
+            raise ClientError(answer, operation)
+        return original(client, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", busy)
+    status, body, _ = api.call("POST", "/agents", {"name": name, "provider": "scripted", "script": "research"})
+    assert (status, left["n"]) == (201, 0), body
+    assert body["agent"]["version"] == 1 and body["created"]
+    assert api.call("GET", f"/agents/{name}")[1]["version"] == 1
 
 
 def test_a_task_of_an_agent_runs_the_version_it_pinned_even_after_a_new_one(api_stack: ApiStack) -> None:

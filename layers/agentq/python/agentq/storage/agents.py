@@ -12,7 +12,9 @@ A new version is one transaction: put ``V#n+1`` if absent, and move ``HEAD`` fro
 again and tries the next number, after a jittered wait that doubles with each loss: each loss is
 another writer's version written, so racing writers always make progress, and the waits spread
 them out rather than having all of them meet again at once (16 creators at one instant each get
-a version; with 8 attempts and no wait the last of them was refused ``agent_conflict``).
+a version; with 8 attempts and no wait the last of them was refused ``agent_conflict``). A
+transaction that meets another writer's on HEAD (DynamoDB cancels it with the reason
+``TransactionConflict``, nothing written) is tried again the same way, as the alias's move is.
 Creating what the latest version already is creates nothing and returns that version, so
 applying the same file twice is harmless.
 """
@@ -27,7 +29,7 @@ from agentq.core.agents import AgentSpec, AgentSummary, AgentVersion
 from agentq.core.errors import AgentqError, ValidationError
 from agentq.core.models import McpToolPin
 from agentq.storage import keys
-from agentq.storage.table import Item, Put, Table, TransactionCancelled, absent, plain
+from agentq.storage.table import Item, Put, Table, TransactionCancelled, TransactionConflict, absent, plain
 
 MAX_SPEC_BYTES = 300_000  # a version is one item: far under DynamoDB's 400 KB, with room for keys
 # A writer loses at most once to each writer ahead of it: 40 attempts outlast far more
@@ -113,8 +115,12 @@ class Agents:
                         ),
                     ]
                 )
-            except TransactionCancelled:
-                continue  # another writer took this number: read HEAD again, after a wait
+            except (TransactionCancelled, TransactionConflict):
+                # Cancelled: another writer took this number. Conflict: another writer's
+                # transaction was on HEAD at that moment (DynamoDB's TransactionConflict, its own
+                # answer, not a failed condition). Nothing written either way: read HEAD again,
+                # after a wait.
+                continue
             return version, True
         raise AgentConflict(f"agent {spec.name!r} is being changed by others; try again", field="name")
 
