@@ -9,6 +9,7 @@ resolves."""
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from typing import Any
 
@@ -156,6 +157,75 @@ def test_bad_aliases_weights_and_references_are_refused_naming_the_field_and_sto
     assert status == 404 and answer["error"]["code"] == "alias_not_found"
     status, answer, _ = api_stack.http("DELETE", f"{path}")
     assert status == 404 and answer["error"]["field"] == "alias"
+
+
+def test_two_callers_moving_an_alias_at_once_are_each_answered_the_move_they_made(api_stack: ApiStack) -> None:
+    """Two callers PUT prod at once, one to 1 and one to 2, 30 times: each answer is the alias as
+    its own write made it (its targets), and each move has a revision of its own, 1 to 60. The
+    answer was a read after the write, which a racing move could land in between: 17 of 60
+    answers named the other caller's targets, and revisions were answered twice."""
+    name = _name()
+    for tag in ("v1", "v2"):
+        api_stack.http("POST", "/agents", _agent(name, tag))
+    answers: list[tuple[int, int, Any]] = []
+    lock = threading.Lock()
+
+    def put(version: int) -> None:
+        status, body, _ = _put_alias(api_stack, name, "prod", (version, 100))
+        with lock:
+            answers.append((version, status, body))
+
+    for _ in range(30):
+        threads = [threading.Thread(target=put, args=(v,)) for v in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    wrong = [(v, body) for v, status, body in answers if status != 200 or body["versions"] != [
+        {"version": v, "weight": 100}]]  # fmt: skip
+    assert wrong == [], wrong[:3]
+    assert sorted(body["revision"] for _, _, body in answers) == list(range(1, 61))
+    _, now, _ = api_stack.http("GET", f"/agents/{name}/aliases/prod")
+    last = max(answers, key=lambda a: a[2]["revision"])
+    assert (now["revision"], now["versions"]) == (60, last[2]["versions"])
+
+
+def test_a_move_from_a_revision_another_move_has_passed_is_refused_naming_expected_revision(
+    api_stack: ApiStack,
+) -> None:
+    """A canary bump computed from what its caller read (revision 1: 90/10) must not land on the
+    rollback another caller made since (revision 2: all on 1), silently giving the canary its
+    traffic back: with ``expected_revision`` it is 409 ``alias_conflict`` naming it, and the
+    alias keeps the rollback. 0 expects no alias yet; a bad value is a 422 naming the field."""
+    name = _name()
+    for tag in ("v1", "v2"):
+        api_stack.http("POST", "/agents", _agent(name, tag))
+    path = f"/agents/{name}/aliases/prod"
+    canary = {"versions": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}
+    status, made, _ = api_stack.http("PUT", path, {**canary, "expected_revision": 0})
+    assert (status, made["revision"]) == (200, 1), made
+    status, again, _ = api_stack.http("PUT", path, {**canary, "expected_revision": 0})  # it exists now
+    assert (status, again["error"]["code"], again["error"]["field"]) == (409, "alias_conflict", "expected_revision")
+    assert "at revision 1, not 0" in again["error"]["message"]
+    assert _put_alias(api_stack, name, "prod", (1, 100))[1]["revision"] == 2  # the rollback
+    bump = {"versions": [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}], "expected_revision": 1}
+    status, refused, _ = api_stack.http("PUT", path, bump)
+    assert (status, refused["error"]["code"], refused["error"]["field"]) == (409, "alias_conflict", "expected_revision")
+    _, now, _ = api_stack.http("GET", path)
+    assert (now["revision"], now["versions"]) == (2, [{"version": 1, "weight": 100}])  # the rollback stands
+    status, moved, _ = api_stack.http("PUT", path, {**bump, "expected_revision": 2})
+    assert (status, moved["revision"], moved["versions"]) == (200, 3, bump["versions"])
+    for bad in (-1, "3", True, 1.5, None):
+        status, answer, _ = api_stack.http("PUT", path, {**canary, "expected_revision": bad})
+        if bad is None:  # null: none expected, as if left out
+            assert status == 200 and answer["revision"] == 4, answer
+            continue
+        assert (status, answer["error"]["field"]) == (422, "expected_revision"), (bad, answer)
+    stale = run_agentq(["agents", "alias", "set", name, "prod", "2", "--expected-revision", "3"],
+                       env=api_stack.cli_env(), timeout=120)  # fmt: skip
+    assert stale.returncode == 1 and "expected_revision: alias" in stale.stderr, (stale.returncode, stale.stderr)
+    assert "at revision 4, not 3" in stale.stderr and "Traceback" not in stale.stderr
+    assert api_stack.http("GET", path)[1]["revision"] == 4
 
 
 def test_another_tenants_alias_never_resolves_nor_shows(api_stack: ApiStack) -> None:

@@ -1,6 +1,7 @@
 """Agent aliases on every backend: a move is one conditional write (an alias to a version that
 does not exist writes nothing, the alias keeps what it had), each move counts one revision,
-concurrent moves each land whole, and aliases are per tenant and per agent."""
+concurrent moves each land whole, a move expecting a revision lands only from it, and aliases are
+per tenant and per agent."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from agentq.core.agents import AgentSpec
 from agentq.core.aliases import AliasSpec, AliasTarget
 from agentq.core.errors import ValidationError
-from agentq.storage.agent_aliases import AliasNotFound
+from agentq.storage.agent_aliases import AliasConflict, AliasNotFound
 from agentq.storage.container import Storage
 
 
@@ -92,3 +93,20 @@ def test_concurrent_moves_each_land_whole(backend: Storage) -> None:
     final = backend.aliases.get("a", "support", "prod")
     assert final.revision == len(moves)
     assert final.versions in [m.versions for m in moves]
+
+
+def test_a_move_expecting_a_revision_lands_only_from_it_and_answers_its_own_write(backend: Storage) -> None:
+    """``expected_revision``: the move is made only from the revision its caller read (0: no
+    alias yet), else ``AliasConflict`` naming it, nothing written; the answer is the write."""
+    _versions(backend, "a", "support", 2)
+    made = backend.aliases.set("a", "support", "prod", _spec((1, 90), (2, 10)), expected_revision=0)
+    assert made.revision == 1 and backend.aliases.get("a", "support", "prod") == made
+    backend.aliases.set("a", "support", "prod", _spec((1, 100)))  # another caller's rollback: revision 2
+    for stale in (0, 1, 3):
+        with pytest.raises(AliasConflict) as err:
+            backend.aliases.set("a", "support", "prod", _spec((1, 50), (2, 50)), expected_revision=stale)
+        assert (err.value.code, err.value.field) == ("alias_conflict", "expected_revision")
+    now = backend.aliases.get("a", "support", "prod")
+    assert (now.revision, [t.version for t in now.versions]) == (2, [1])
+    bumped = backend.aliases.set("a", "support", "prod", _spec((1, 50), (2, 50)), expected_revision=2)
+    assert bumped.revision == 3 and backend.aliases.get("a", "support", "prod") == bumped

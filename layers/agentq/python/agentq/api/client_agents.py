@@ -55,11 +55,14 @@ class AgentCalls(HttpClient):
 
     def set_alias(
         self, name: str, alias: str, version: int, canary: tuple[int, int] | None = None,
-        online: Mapping[str, Any] | None = None,
+        online: Mapping[str, Any] | None = None, expected_revision: int | None = None,
     ) -> AgentAlias:  # fmt: skip
         """Point ``name@alias`` at ``version``, or with ``canary`` (version, percent) split new
         tasks between them: one atomic write, in effect for the next submission. ``online``
-        (``{"rate": 0.1, "grade": {"rubric": ...}}``) grades that fraction of its new tasks."""
+        (``{"rate": 0.1, "grade": {"rubric": ...}}``) grades that fraction of its new tasks.
+        ``expected_revision``: only if the alias is still at the revision read (0: absent), else
+        ``Conflict`` (409 ``alias_conflict``); such a move is sent once, never again after a
+        lost answer, whose retry would find its own move and be refused as if another's."""
         targets = [{"version": version, "weight": 100 - (canary[1] if canary else 0)}]
         if canary is not None:
             targets.append({"version": canary[0], "weight": canary[1]})
@@ -67,7 +70,9 @@ class AgentCalls(HttpClient):
         body: dict[str, Any] = {"versions": targets}
         if online is not None:
             body["online"] = dict(online)
-        return self.call(AgentAlias, "PUT", path, body, retry=True)
+        if expected_revision is not None:
+            body["expected_revision"] = expected_revision
+        return self.call(AgentAlias, "PUT", path, body, retry=expected_revision is None)
 
     def agent_quality(self, name: str, hours: int = 48) -> AgentQuality:
         """Each version's online grades (pass rate, cost) per hour over the last ``hours``."""

@@ -84,7 +84,9 @@ def cmd_alias(args: argparse.Namespace) -> int:
     command = args.alias_command
     if command == "set":
         canary = parse_canary(args.canary) if args.canary else None
-        alias = client.set_alias(args.name, args.alias, args.version, canary, online_of(args))
+        alias = client.set_alias(
+            args.name, args.alias, args.version, canary, online_of(args), expected_revision=args.expected_revision
+        )
     elif command == "show":
         alias = client.get_alias(args.name, args.alias)
     elif command == "delete":
@@ -131,6 +133,12 @@ def register(agents_sub: Any) -> None:
     set_.add_argument("alias", help="the alias: a lowercase letter, then letters, digits, '-', '_'")
     set_.add_argument("version", type=int, help="the version new tasks get")
     set_.add_argument("--canary", metavar="VERSION:PERCENT", help="send PERCENT of new tasks to VERSION, e.g. 8:10%%")
+    set_.add_argument(
+        "--expected-revision",
+        type=int,
+        metavar="N",
+        help="move it only if it is still at revision N (as `alias show` read it; 0: only if it does not exist)",
+    )
     set_.add_argument(
         "--sample", metavar="RATE", help="grade this fraction (0-1) of new tasks online; without it, none"
     )

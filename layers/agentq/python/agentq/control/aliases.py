@@ -63,11 +63,21 @@ def aliased(
     return version, OnlineGrade(alias=alias, grade=online.grade)
 
 
-def set_alias(store: Storage, tools: ToolRegistry, tenant: str, name: str, alias: str, spec: AliasSpec) -> AgentAlias:
-    """Point ``alias`` (``storage.agent_aliases``), its online grade checked first as a
-    submission's outcome is, against each version it names (the grading model defaults to the
-    version's): an unknown grader, an unpriced model, a scripted one without a script is a 422
-    naming the ``online.grade`` field, and nothing is written."""
+def set_alias(
+    store: Storage,
+    tools: ToolRegistry,
+    tenant: str,
+    name: str,
+    alias: str,
+    spec: AliasSpec,
+    *,
+    expected_revision: int | None = None,
+) -> AgentAlias:
+    """Point ``alias`` (``storage.agent_aliases``; only from ``expected_revision`` when given),
+    its online grade checked first as a submission's outcome is, against each version it names
+    (the grading model defaults to the version's): an unknown grader, an unpriced model, a
+    scripted one without a script is a 422 naming the ``online.grade`` field, and nothing is
+    written."""
     if spec.online is not None:
         for i, target in enumerate(spec.versions):
             try:
@@ -78,7 +88,7 @@ def set_alias(store: Storage, tools: ToolRegistry, tenant: str, name: str, alias
                     field=f"versions[{i}].version",
                 ) from None
             check_outcome(spec.online.grade, version.provider, version.model, tools, prefix="online.grade")
-    return store.aliases.set(tenant, name, alias, spec)
+    return store.aliases.set(tenant, name, alias, spec, expected_revision=expected_revision)
 
 
 def move_task(

@@ -100,12 +100,27 @@ class AliasSpec(StrictModel):
         return targets
 
 
+class AliasRequest(AliasSpec):
+    """The body of ``PUT /agents/{name}/aliases/{alias}``: where it points, and, to move it only
+    from what the caller read (a canary bump, a rollback), the revision it read."""
+
+    expected_revision: int | None = Field(
+        default=None,
+        strict=True,
+        ge=0,
+        le=999_999_999,
+        description="move it only if it is still at this revision (0: only if it does not exist yet); else 409 "
+        "alias_conflict naming expected_revision, nothing written. Without it, the move is made on top of "
+        "whatever the alias is",
+    )
+
+
 class AgentAlias(AliasSpec):
     """An alias as stored and as the API returns it."""
 
     agent: str = Field(description="the agent's name")
     alias: str
-    revision: int = Field(description="1 when created, one more at each move")
+    revision: int = Field(description="1 when created, one more at each move: each revision is one move's")
     updated_at: float
 
 

@@ -7,6 +7,15 @@ exists (``V#n`` present) and the write of the alias item. So an alias never poin
 version, a move is all or nothing, and a reader sees the old targets or the new ones, never a
 mix. Nothing else writes the item, and versions are never deleted, so what it names stays there.
 
+A move reads the alias's revision ``r`` and writes the whole item at ``r + 1`` on the condition
+that it is still at ``r`` (absent, for ``r = 0``): so each revision is one move's, and the answer
+is the item this move wrote, never another caller's read back after it (two callers moving one
+alias at once were each told of whichever move landed last, and two moves read the same
+revision). A move that lost the race to another reads again and applies on top (the last move
+wins, as a PUT does); one made with ``expected_revision`` (a canary bump computed from what the
+caller read) is refused instead, ``AliasConflict``, so it never silently undoes a rollback made
+since.
+
 Resolving reads the alias item every time (strongly consistent: a move takes effect for the very
 next submission, in every process) and the version it picks from a small per-process cache:
 versions are immutable, so a cached one is never wrong. An alias submission therefore costs one
@@ -17,6 +26,7 @@ version) when it is not.
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 
@@ -29,22 +39,29 @@ from agentq.storage.table import (
     Check,
     ConditionFailed,
     Item,
-    Patch,
+    Put,
     Table,
     TransactionCancelled,
     TransactionConflict,
-    Update,
+    absent,
     plain,
     present,
 )
 
-ATTEMPTS = 5
+ATTEMPTS = 10
+BACKOFF_SECONDS = 0.01  # the first retry's ceiling; doubles each time (full jitter)
 VERSION_CACHE_SECONDS = 300.0
 VERSION_CACHE_SIZE = 512
 
 
 class AliasNotFound(AgentqError):
     code = "alias_not_found"
+
+
+class AliasConflict(AgentConflict):
+    """The alias is not at the revision the caller expected (another move since it read it)."""
+
+    code = "alias_conflict"
 
 
 class AgentAliases:
@@ -56,33 +73,43 @@ class AgentAliases:
         self._versions: dict[tuple[str, str, int], tuple[float, AgentVersion]] = {}
         self._lock = threading.Lock()
 
-    def set(self, tenant: str, name: str, alias: str, spec: AliasSpec) -> AgentAlias:
-        """Point ``alias`` of agent ``name`` at ``spec.versions``, in one conditional write; a
-        version that does not exist is a ValidationError naming it, and nothing is written."""
+    def set(
+        self, tenant: str, name: str, alias: str, spec: AliasSpec, *, expected_revision: int | None = None
+    ) -> AgentAlias:
+        """Point ``alias`` of agent ``name`` at ``spec.versions``, in one conditional write; the
+        alias as this call wrote it. A version that does not exist is a ValidationError naming
+        it; an alias not at ``expected_revision`` (0: one that does not exist yet) is an
+        ``AliasConflict`` naming ``expected_revision``; nothing is written either way."""
+        from boto3.dynamodb.conditions import Attr
+
         pk = keys.agent_pk(tenant, name)
-        now = time.time()
+        key = {"pk": pk, "sk": keys.agent_alias_sk(alias)}
         checks = [
             Check(f"v{i}", {"pk": pk, "sk": keys.agent_version_sk(t.version)}, present())
             for i, t in enumerate(spec.versions)
         ]
-        sets = {
-            "versions": json.dumps([t.model_dump() for t in spec.versions]),
-            "updated_at": now,
-            "agent": name,
-            "alias": alias,
-        }
-        if spec.online is not None:
-            sets["online"] = spec.online.model_dump_json(exclude_none=True)
-        write = Patch(
-            "alias",
-            {"pk": pk, "sk": keys.agent_alias_sk(alias)},
-            Update(set=sets, add={"revision": 1}, remove=() if spec.online is not None else ("online",)),
-        )
-        for _ in range(ATTEMPTS):
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                time.sleep(random.uniform(0, BACKOFF_SECONDS * 2**attempt))
+            current = self.table.get(key)
+            revision = int(current["revision"]) if current is not None else 0
+            if expected_revision is not None and revision != expected_revision:
+                raise _moved(name, alias, expected_revision, revision)
+            item: Item = {
+                **key,
+                "versions": json.dumps([t.model_dump() for t in spec.versions]),
+                "updated_at": time.time(),
+                "agent": name,
+                "alias": alias,
+                "revision": revision + 1,
+            }
+            if spec.online is not None:
+                item["online"] = spec.online.model_dump_json(exclude_none=True)
+            condition = absent() if current is None else Attr("revision").eq(revision)
             try:
-                self.table.transact([*checks, write])
+                self.table.transact([*checks, Put("alias", item, condition)])
             except TransactionConflict:
-                continue  # another move of the same alias at the same moment: try again
+                continue  # another move of the same alias at the same moment: read it again
             except TransactionCancelled as exc:
                 for i, target in enumerate(spec.versions):
                     if f"v{i}" in exc.failed:
@@ -90,8 +117,10 @@ class AgentAliases:
                             f"versions[{i}].version: agent {name!r} has no version {target.version}",
                             field=f"versions[{i}].version",
                         ) from None
-                raise
-            return self.get(tenant, name, alias)
+                if "alias" not in exc.failed:
+                    raise
+                continue  # another move landed since the read: read it again (and, expected, refuse)
+            return _alias(item)
         raise AgentConflict(f"alias {name}@{alias} is being moved by others; try again", field="alias")
 
     def get(self, tenant: str, name: str, alias: str) -> AgentAlias:
@@ -137,6 +166,15 @@ class AgentAliases:
         """Empty this process's cache of versions (a bench's cold start)."""
         with self._lock:
             self._versions.clear()
+
+
+def _moved(name: str, alias: str, expected: int, revision: int) -> AliasConflict:
+    now = f"at revision {revision}" if revision else "does not exist"
+    return AliasConflict(
+        f"expected_revision: alias {name}@{alias} {now}, not {expected}: it was moved since it was read; read it "
+        f"again (GET /agents/{name}/aliases/{alias}) and decide on what it is now",
+        field="expected_revision",
+    )
 
 
 def _alias(item: Item) -> AgentAlias:

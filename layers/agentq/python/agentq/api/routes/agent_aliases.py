@@ -17,7 +17,7 @@ from agentq.api.routes.common import ApiDeps, Router, TaskId, visible
 from agentq.control import aliases as control_aliases
 from agentq.control.aliases import move_task
 from agentq.core.agents import NAME_PATTERN
-from agentq.core.aliases import ALIAS_PATTERN, AgentAlias, AliasSpec
+from agentq.core.aliases import ALIAS_PATTERN, AgentAlias, AliasRequest
 from agentq.core.quality import MAX_HOURS, hour_of
 
 AgentName = Annotated[str, Path(pattern=NAME_PATTERN, description="an agent's name")]
@@ -36,7 +36,10 @@ def router(deps: ApiDeps) -> Router:
         description='One version (`{"versions": [{"version": 7, "weight": 100}]}`) or two whose weights sum to '
         "100 (the second is the canary). One conditional write: every version named must exist, else 422 naming "
         "it and nothing changes. New tasks submitted as `name@alias` get the new targets at once; a task already "
-        "submitted keeps the version it was given. Rollback: point it back. With `online` "
+        "submitted keeps the version it was given. Rollback: point it back. The answer is the alias as this request "
+        "wrote it, its `revision` this move's own. With `expected_revision` (the revision the caller read), it moves "
+        "only if the alias is still there (0: only if it does not exist yet), else 409 `alias_conflict` naming "
+        "`expected_revision` and nothing changes: a canary bump never undoes a rollback made since. With `online` "
         '(`{"rate": 0.1, "grade": {"rubric": "..."}}`), that fraction of its new tasks (by a hash of the task id) '
         "has its answer graded once, for each version's pass rate and cost (`GET /agents/{name}/quality`); the "
         "grade never changes how a task ends. A rate outside 0-1, a grade with neither rubric nor grader, an "
@@ -46,9 +49,11 @@ def router(deps: ApiDeps) -> Router:
         responses=responses(200, AgentAlias, 400, 404, 409, 413, 415, 422),
     )
     def set_alias(
-        name: AgentName, alias: AliasName, spec: Annotated[AliasSpec, Body(description="where it points")]
+        name: AgentName, alias: AliasName, spec: Annotated[AliasRequest, Body(description="where it points")]
     ) -> AgentAlias:
-        return control_aliases.set_alias(store, deps.tools, tenant(), name, alias, spec)
+        return control_aliases.set_alias(
+            store, deps.tools, tenant(), name, alias, spec, expected_revision=spec.expected_revision
+        )
 
     @routes.get(
         "/agents/<name>/aliases",
