@@ -120,17 +120,19 @@ def _run(api: ApiStack, tmp_path: Path, name: str, path: Path, *extra: str) -> s
 
 
 def _assert_report_is_the_tasks(api: ApiStack, report: dict[str, Any], n: int) -> None:
-    """Each row's figures are the task's own META (read from the table, not the API), and the
-    totals are their sums."""
+    """Each row's figures are its task's as recorded in the table, not the API: its status and
+    steps from its META, its cost and tokens its whole tree's (the root's budget, sub-agents
+    folded in); and the totals are their sums."""
     store = api.stack.store()
     for side in ("agent", "against"):
         cost, tokens, steps = Decimal(0), 0, 0
         for row in report["items"]:
             cell = row[side]
             task = store.tasks.get(cell["task_id"])
+            tree = store.budgets.get(task.budget_id)
             assert cell["status"] == task.status.value
-            assert Decimal(cell["cost_usd"]) == Decimal(str(task.cost_usd))
-            assert cell["tokens"] == task.tokens_in + task.tokens_out
+            assert Decimal(cell["cost_usd"]) == tree.cost_usd
+            assert cell["tokens"] == tree.tokens_in + tree.tokens_out
             assert cell["steps"] == task.step
             cost, tokens, steps = cost + Decimal(cell["cost_usd"]), tokens + cell["tokens"], steps + cell["steps"]
         summary = report["summary"][side]
@@ -191,6 +193,40 @@ def test_a_dataset_runs_through_both_versions_and_the_report_is_what_the_tasks_r
     assert "submitted 18/18 (0 new)" in again.stderr
     assert json.loads((tmp_path / "report.json").read_text())["items"] == report["items"]
     _assert_once_per_version(eval_stack, report["evaluation"], name, rows)
+
+
+def test_an_items_cost_and_tokens_are_what_its_whole_task_tree_spent_its_sub_agents_included(
+    eval_stack: ApiStack, tmp_path: Path
+) -> None:
+    """v2 hands the work to two sub-agents (spawn_subagents) and answers DONE: what an item cost
+    on v2 is what its task tree spent, the root's calls and its sub-agents', not the root's own
+    only (reported $0.024480 and 5,040 tokens of a tree's $0.042216 and 8,280): otherwise the
+    version that delegates looks cheaper than it is."""
+    name = f"delegates-{uuid.uuid4().hex[:8]}"
+    long = "a long answer that costs tokens " * 20
+    children = [{"goal": f"part {i}", "script": {"turns": [{"text": long}]}} for i in range(2)]
+    versions = [
+        {"name": name, "provider": "scripted", "script": {"turns": [{"text": "DONE"}]}},
+        {"name": name, "provider": "scripted", "tools": ["spawn_subagents"], "script": {"turns": [
+            {"text": "splitting", "tool_calls": [call("spawn_subagents", subagents=children)]}, {"text": "DONE"}]}},
+    ]  # fmt: skip
+    for body in versions:
+        status, made, _ = eval_stack.http("POST", "/agents", body)
+        assert status == 201, made
+    path = tmp_path / "cases.jsonl"
+    path.write_text("".join(json.dumps({"id": f"i{i}", "goal": f"q{i}", "expected": "DONE"}) + "\n" for i in range(2)))
+    done = _run(eval_stack, tmp_path, name, path, "--json", "--no-plot")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    _assert_report_is_the_tasks(eval_stack, report, 2)
+    store = eval_stack.stack.store()
+    for row in report["items"]:
+        root = store.tasks.get(row["against"]["task_id"])
+        kids = [store.tasks.get(t) for t in eval_stack.http("GET", f"/tasks/{root.task_id}")[1]["children"]["task_ids"]]
+        assert len(kids) == 2 and all(k.status.value == "succeeded" for k in kids)
+        tree, own = [root, *kids], root.tokens_in + root.tokens_out
+        assert row["against"]["tokens"] == sum(t.tokens_in + t.tokens_out for t in tree) > own
+        assert Decimal(row["against"]["cost_usd"]) == sum((Decimal(str(t.cost_usd)) for t in tree), Decimal(0))
 
 
 def _lines_until(proc: subprocess.Popen[str], marker: str) -> list[str]:

@@ -174,7 +174,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
             )  # fmt: skip
         budget = BudgetView(
             cap=b.cap, used=b.used, known=b.known, unknown=b.unknown, reserved=b.reserved, available=b.available,
-            cost_usd=str(b.cost_usd), money=money,
+            cost_usd=str(b.cost_usd), tokens_in=b.tokens_in, tokens_out=b.tokens_out, money=money,
         )  # fmt: skip
     # The last committed step: what a running task does, a paused one's held calls, and where a
     # root may be forked. One Query (and the step's S3 object when it was offloaded), made for a

@@ -7,7 +7,8 @@ running limit, budgets and caps apply as to any task) with the idempotency key
 any point and run again (the same command, or ``--resume EVAL_ID``) re-attaches to the tasks
 already submitted and submits only the missing ones: within the key's 24 h no item runs twice
 or is lost (a worker's death is the queue's: the task resumes). The report
-(``core.evaluation_report``) is computed from the tasks' views alone.
+(``core.evaluation_report``) is computed from the tasks' views alone: an item's cost and tokens
+are its whole task tree's (the root's budget view), sub-agents included.
 """
 
 from __future__ import annotations
@@ -144,17 +145,22 @@ def _stopped(failure: BaseException, eval_id: str, submitted: int, jobs: int) ->
 
 
 def _outcome(view: Any) -> Outcome:
+    """An item's figures from its task's view. Cost and tokens are the whole task tree's (the
+    root's budget view: its sub-agents' spend included), not the root's own calls only, or the
+    version that delegates would look cheaper than it is; grading's cost is the root's grades'
+    (shown apart, part of the cost). A task with no budget view (none was made) counts its own."""
     grade = view.grade
     started, finished = view.started_at, view.finished_at
+    tree = view.budget
     return Outcome(
         task_id=view.task_id,
         status=view.status.value,
         result=view.result,
         score=None if grade is None else grade.score,
-        cost_usd=Decimal(view.cost_usd),
+        cost_usd=Decimal(tree.cost_usd if tree is not None else view.cost_usd),
         grade_cost_usd=Decimal(grade.cost_usd) if grade is not None else Decimal(0),
-        tokens_in=view.tokens.input,
-        tokens_out=view.tokens.output,
+        tokens_in=tree.tokens_in if tree is not None else view.tokens.input,
+        tokens_out=tree.tokens_out if tree is not None else view.tokens.output,
         steps=view.step,
         llm_steps=view.llm_steps,
         duration_s=(finished - started) if started is not None and finished is not None else None,

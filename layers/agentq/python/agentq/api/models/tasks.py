@@ -153,6 +153,10 @@ class BudgetView(ApiModel):
     reserved: int
     available: int
     cost_usd: str = Field(description="what the known calls cost")
+    tokens_in: int = Field(
+        default=0, description="the known calls' input tokens (for a root, the whole tree's: its sub-agents' too)"
+    )
+    tokens_out: int = Field(default=0, description="the known calls' output tokens (likewise)")
     money: MoneyView | None = Field(default=None, description="the money budget, when the task has max_cost_usd")
 
 
