@@ -426,31 +426,41 @@ def test_a_token_may_lower_its_tasks_priority_but_not_raise_it_above_its_tenants
     assert api.submit({**greeter, "priority": "high"}, key=key)
 
 
-def test_a_token_runs_its_agents_latest_version_or_an_alias_never_a_version_it_picks_by_number(
+def test_a_token_runs_an_alias_never_a_version_by_number_nor_the_bare_name_of_an_agent_with_an_alias(
     api_stack: ApiStack,
 ) -> None:
-    """A tenant routes its users to a version by its aliases (a canary, a rollback) or the latest:
-    a token naming ``greeter@1`` would pick one the tenant retired, or step out of a canary, and
-    moving its task to another version is the same choice. Both are 403 naming the field, nothing
-    created or moved; ``greeter`` and ``greeter@prod`` run; the tenant's key does either."""
+    """A tenant routes its users to a version by its aliases (a canary, a rollback): a token
+    naming ``greeter@1`` would pick one the tenant retired, or step out of a canary, and moving
+    its task to another version is the same choice; naming the bare ``greeter`` (the latest)
+    once it has an alias would step onto the newest version, created and not yet released
+    (prod -> 1, a candidate 2 made after: a token's ``greeter`` ran 2). Each is 403 naming the
+    field, nothing created or moved, the bare name's listing the aliases a token may name;
+    ``greeter@prod`` runs 1; before the agent had an alias, its bare name ran its latest; the
+    tenant's key does any of them."""
     api, tenant = api_stack, f"eu-ver-{uuid.uuid4().hex[:6]}"
     greeter = api.greeter(tenant)
     key = api.stack.create_api_key(tenant)
-    made = {"name": "greeter", "provider": "scripted", "script": SCRIPTED["script"], "system": "v2"}
-    assert api.http("POST", "/agents", made, key=key)[0] == 201  # version 2
-    prod = {"versions": [{"version": 2, "weight": 100}]}
-    assert api.http("PUT", "/agents/greeter/aliases/prod", prod, key=key)[0] in (200, 201)
     token = api.stack.token(user="mallory", tenant=tenant)
-    status, answer, _ = api.http("POST", "/tasks", {**greeter, "agent": "greeter@1"}, key=token)
-    assert (status, answer["error"]["code"], answer["error"]["field"]) == (403, "forbidden", "agent"), answer
-    assert _tenant_tasks(api, tenant) == []
-    runs = [api.submit({**greeter, "agent": agent}, key=token) for agent in ("greeter", "greeter@prod")]
-    for task_id in runs:
-        assert api.until(task_id, lambda v: v["status"] == "succeeded", key=token)["agent"] == "greeter@2"
-    status, answer, _ = api.http("POST", f"/tasks/{runs[0]}/agent", {"version": 1}, key=token)
+    first = api.submit(greeter, key=token)  # no alias yet: its bare name is its latest, 1
+    assert api.until(first, lambda v: v["status"] == "succeeded", key=token)["agent"] == "greeter@1"
+    prod = {"versions": [{"version": 1, "weight": 100}]}
+    assert api.http("PUT", "/agents/greeter/aliases/prod", prod, key=key)[0] == 200
+    made = {"name": "greeter", "provider": "scripted", "script": SCRIPTED["script"], "system": "candidate"}
+    assert api.http("POST", "/agents", made, key=key)[1]["agent"]["version"] == 2  # behind no alias
+    before = _tenant_tasks(api, tenant)
+    for agent in ("greeter@1", "greeter"):
+        status, answer, _ = api.http("POST", "/tasks", {**greeter, "agent": agent}, key=token)
+        assert (status, answer["error"]["code"], answer["error"]["field"]) == (403, "forbidden", "agent"), answer
+    assert "a user's token names one (greeter@prod)" in answer["error"]["message"], answer
+    assert _tenant_tasks(api, tenant) == before
+    routed = api.submit({**greeter, "agent": "greeter@prod"}, key=token)
+    assert api.until(routed, lambda v: v["status"] == "succeeded", key=token)["agent"] == "greeter@1"
+    status, answer, _ = api.http("POST", f"/tasks/{routed}/agent", {"version": 2}, key=token)
     assert (status, answer["error"]["code"], answer["error"]["field"]) == (403, "forbidden", "version"), answer
-    assert api.http("GET", f"/tasks/{runs[0]}", key=token)[1]["agent"] == "greeter@2"
-    assert api.http("POST", f"/tasks/{runs[0]}/agent", {"version": 1}, key=key)[0] == 200
+    assert api.http("GET", f"/tasks/{routed}", key=token)[1]["agent"] == "greeter@1"
+    assert api.http("POST", f"/tasks/{routed}/agent", {"version": 2}, key=key)[0] == 200
+    latest = api.submit({**greeter, "agent": "greeter"}, key=key)  # the tenant's key: the latest, its own choice
+    assert api.http("GET", f"/tasks/{latest}", key=key)[1]["agent"] == "greeter@2"
     assert api.submit({**greeter, "agent": "greeter@1"}, key=key)
 
 

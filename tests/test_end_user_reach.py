@@ -156,6 +156,42 @@ def test_an_a2a_or_mcp_call_of_a_token_answers_to_post_tasks_allow_list(
     assert not _mcp(api.url, key, agent, call).is_error and "result" in a2a(key)  # a key's call: the whole tenant's
 
 
+def test_a_tokens_a2a_or_mcp_call_of_an_agent_with_an_alias_is_refused_naming_agent_and_a_keys_runs_the_latest(
+    api_stack: ApiStack,
+) -> None:
+    """``/a2a/{agent}`` and an agent's MCP tool name the agent bare: its latest version. Once the
+    tenant routes its users through an alias, a token's call would step onto a version the alias
+    does not give them (a candidate created after it), so it is refused naming ``agent``, as
+    POST /tasks refuses it, with nothing created; a key's call runs the latest, the tenant's own
+    choice."""
+    api, tenant = api_stack, f"eu-routed-{uuid.uuid4().hex[:6]}"
+    key = api.stack.create_api_key(tenant)
+    token = api.stack.token(user="erin", tenant=tenant)
+    agent = _agent(api, key)
+    prod = {"versions": [{"version": 1, "weight": 100}]}
+    assert api.http("PUT", f"/agents/{agent}/aliases/prod", prod, key=key)[0] == 200
+    candidate = {"name": agent, "provider": "scripted", "script": {"turns": [{"text": "candidate"}]}}
+    assert api.http("POST", "/agents", candidate, key=key)[1]["agent"]["version"] == 2
+    call = {"goal": "say hi", "wait_seconds": 20}
+
+    def a2a(caller: str) -> Any:
+        message = {"messageId": uuid.uuid4().hex, "role": "ROLE_USER", "parts": [{"text": "say hi"}]}
+        body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
+        return api.http("POST", f"/a2a/{agent}", body, key=caller, headers={"A2A-Version": "1.0"})[1]
+
+    refused = _mcp(api.url, token, agent, call)
+    assert refused.is_error and refused.content[0].text.startswith(f"agent: {agent!r} is routed"), refused
+    answer = a2a(token)
+    assert answer["error"]["code"] == -32602 and answer["error"]["data"][0]["metadata"]["field"] == "agent", answer
+    assert f"a user's token names one ({agent}@prod)" in answer["error"]["message"], answer
+    assert _tasks(api, key) == []  # nothing created
+    ran = _mcp(api.url, key, agent, call)
+    assert not ran.is_error and ran.structured_content["result"] == "candidate", ran
+    assert "result" in a2a(key)
+    ran_on = {api.http("GET", f"/tasks/{t['task_id']}", key=key)[1]["agent"] for t in _tasks(api, key)}
+    assert ran_on == {f"{agent}@2"}
+
+
 def test_an_end_users_token_reads_no_other_users_graded_tasks_through_an_agents_quality_report(
     api_stack: ApiStack,
 ) -> None:

@@ -214,7 +214,7 @@ class AgentqRequestHandler(PushConfigMethods, ListingMethods):
             **({"user": call.caller.user} if call.caller.user else {}),
         }
         submission = parse_submission(raw)
-        check_user_submission(call.caller, submission)  # a token's: only what POST /tasks lets it set
+        check_user_submission(call.caller, submission, deps.store)  # a token's: only what POST /tasks lets it set
         # The key names the request as sent (its digest too: the context a new task gets is drawn here)
         key = _idempotency_key(call, message.message_id, message.context_id, text)
         # The task's id is drawn here so that its push config is in place before it exists: one

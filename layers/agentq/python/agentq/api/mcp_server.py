@@ -349,7 +349,7 @@ def _start_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> 
     if user is not None:
         raw["user"] = user
     submission = parse_submission(raw)
-    check_user_submission(caller, submission)  # a token's: only what POST /tasks lets it set
+    check_user_submission(caller, submission, deps.store)  # a token's: only what POST /tasks lets it set
     key = None if call.idempotency_key is None else call_key(user, call.idempotency_key)
     try:
         # The key is bound to the call as sent (POST /tasks's digest of it: the agent, goal,

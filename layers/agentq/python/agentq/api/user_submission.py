@@ -10,10 +10,18 @@ checked the same way (``user_fork``); the A2A and MCP servers, which build the s
 call themselves, pass it through ``check_user_submission`` as well, so a field they come to send
 later answers to the same list.
 
+Which version a token runs is its tenant's to route: a token names an agent by an alias
+(``support@prod``), or by its bare name (its latest version) only while the agent has no alias.
+Once the tenant routes its users through an alias, the bare name would run whatever version was
+created last, a candidate no alias gives anyone yet (a version is created before it is
+evaluated), so it is refused, naming the aliases it may name; a version by its number never is.
+
 Why each refused field would reach past the user or the agent:
 
 - ``agent`` unset (an inline task): it would pick its own tools, model, prompt and hosts, and no
   ``agent:NAME`` rule, agent cap or agent stop would apply to it; the agent's version fixes those.
+  ``agent: NAME@N`` would pick a version the tenant retired, or step out of a canary; ``agent:
+  NAME`` of an agent with an alias would step onto its newest version, released or not.
 - ``memory``: a store is the tenant's, shared by every user's tasks (docs/MEMORY.md); an agent
   the tenant defined with a store brings it.
 - ``workspace.allow_hosts``, ``workspace.git``: the hosts a task's shell reaches (and a clone
@@ -35,6 +43,7 @@ Why each refused field would reach past the user or the agent:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from agentq.api.errors import Forbidden
 from agentq.api.models import ForkRequest
@@ -42,6 +51,9 @@ from agentq.core.agents import DEFINED_BY_AGENT, parse_ref
 from agentq.core.endusers import Caller
 from agentq.core.models import SET_BY_AGENTQ, Constraints, TaskSubmission
 from agentq.core.workspace import WorkspaceSpec
+
+if TYPE_CHECKING:
+    from agentq.storage.container import Storage
 
 # What a token may set, and why each stays within its user's own task.
 USER_FIELDS = {
@@ -79,9 +91,9 @@ WHY_NOT = {
     **dict.fromkeys((*DEFINED_BY_AGENT, "output_schema"), _AGENTS),
     "agent": "a user's token runs the agents its tenant defined: name one (agent: NAME, GET /agents lists them); "
     "an inline task would be outside the agent's rules, caps and stops",
-    "agent@N": "a user's token runs an agent's latest version or one of its aliases (agent: NAME or NAME@ALIAS), as "
-    "its tenant routes its users: a version by its number would let a user pick one the tenant retired, or step "
-    "out of a canary",
+    "agent@N": "a user's token runs one of its agent's aliases (agent: NAME@ALIAS; NAME, its latest version, while "
+    "the agent has no alias), as its tenant routes its users: a version by its number would let a user pick one the "
+    "tenant retired, or step out of a canary",
     "memory": "a memory store is the tenant's, shared by all its users' tasks; a user's token may not attach one "
     "(an agent the tenant defined with the store attached brings it)",
     "workspace.allow_hosts": "the hosts a task reaches are its agent's; a user's token may not name any (its "
@@ -113,11 +125,12 @@ def _refuse(reason: str, allowed: Iterable[str]) -> Forbidden:
     )
 
 
-def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
+def check_user_submission(caller: Caller, submission: TaskSubmission, store: Storage) -> None:
     """Whether ``caller``, acting as one end user, may send ``submission``: every field it set is
     on the allow-list (``USER_FIELDS``; within ``constraints``, ``USER_CONSTRAINTS``; within
-    ``workspace``, ``USER_WORKSPACE``), it names an agent (its latest version or an alias, not a
-    version by number) and a priority of ``USER_PRIORITIES``; else 403 ``forbidden`` naming the
+    ``workspace``, ``USER_WORKSPACE``), it names an agent (an alias, or its bare name while it has
+    none: ``routed``; not a version by number) and a priority of ``USER_PRIORITIES``; else 403
+    ``forbidden`` naming the
     first field that is not (``memory`` and a workspace's hosts before a missing ``agent``, then
     the submission's fields in their order, then those within ``constraints`` and ``workspace``,
     then ``priority`` and ``agent``). Its ``approval_default`` is ``reject`` if it sets one: a
@@ -139,6 +152,7 @@ def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
     named += ["agent@N"] if submission.agent is not None and isinstance(parse_ref(submission.agent)[1], int) else []
     if named:
         raise _refuse(named[0], USER_FIELDS)
+    routed(store, caller.tenant, str(submission.agent))
     if "approval_default" in limits and submission.constraints.approval_default == "approve":
         raise Forbidden(
             "constraints.approval_default: a user's token may not make a timed-out approval approve: the timeout "
@@ -146,6 +160,23 @@ def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
             "ask_tenant tool, a cap's soft threshold); send reject, or leave it to the agent. The user approves "
             "its own task's other asks itself (POST /tasks/{id}/approve)",
             field="constraints.approval_default",
+        )
+
+
+def routed(store: Storage, tenant: str, ref: str) -> None:
+    """A token's bare agent name (``support``, the latest version) is refused once the agent has
+    an alias: the tenant routes its users through its aliases, and the latest may be a version
+    none of them gives yet (403 naming ``agent``, listing the ones it may name). One query of
+    the agent's aliases, made for a token's bare name only."""
+    name, version = parse_ref(ref)
+    if version is not None:
+        return
+    aliases = [f"{name}@{a.alias}" for a in store.aliases.list(tenant, name)]
+    if aliases:
+        raise Forbidden(
+            f"agent: {name!r} is routed through its aliases: a user's token names one ({', '.join(aliases)}); its "
+            "bare name is its latest version, which may be one no alias gives its users yet",
+            field="agent",
         )
 
 

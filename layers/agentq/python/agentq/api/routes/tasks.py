@@ -60,7 +60,7 @@ def router(deps: ApiDeps) -> Router:
         who = caller.tenant
         builtin_script_only(submission.script)
         user = caller.acting_user(submission.user)
-        check_user_submission(caller, submission)
+        check_user_submission(caller, submission, store)
         if user != submission.user:  # a token's user: the request acts as it
             submission = submission.model_copy(update={"user": user})
         digest = request_hashes(submission)  # of the request as sent (with its user), before defaults fill it in
