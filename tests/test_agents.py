@@ -160,6 +160,41 @@ def test_a_task_of_an_agent_runs_the_version_it_pinned_even_after_a_new_one(api_
     assert task.submission.constraints.tool_policies == {"charge_card": "ask"}
 
 
+def test_a_fork_that_replaces_what_its_agents_version_defines_says_so_beside_its_pin(api: Api) -> None:
+    """A fork of a task of ``name@1`` with another system prompt and script keeps ``agent:
+    name@1`` (the agent's rules, caps and stops still cover it) but no longer runs version 1
+    whole: its submission and view name what it replaced (``overridden``), where the label
+    alone claimed it ran 1. A fork changing only budgets replaces nothing; a fork of the fork
+    keeps the record; a move to a version takes those fields from it again, and clears it."""
+    tenant, name = f"t-{uuid.uuid4().hex[:8]}", _name()
+    agent = {"name": name, "provider": "scripted", "system": "You are v1.", "script": {"turns": [{"text": "v1"}]}}
+    assert api.call("POST", "/agents", agent, tenant=tenant)[0] == 201
+    source = api.submit({"goal": "g", "agent": f"{name}@1"}, tenant=tenant)
+    api.run(source)
+
+    def fork(task_id: str, **overrides: Any) -> dict[str, Any]:
+        status, view, _ = api.call("POST", f"/tasks/{task_id}/fork", {"at_step": 0, **overrides}, tenant=tenant)
+        assert status == 202, view
+        return dict(view)
+
+    plain = fork(source, constraints={"max_steps": 3})
+    assert (plain["agent"], plain["overridden"]) == (f"{name}@1", [])
+    other = fork(source, system="You are someone else.", script={"turns": [{"text": "forked"}]})
+    assert (other["agent"], other["overridden"]) == (f"{name}@1", ["script", "system"])
+    stored = api.store.tasks.get(other["task_id"]).submission
+    assert (stored.agent, stored.overridden) == (f"{name}@1", ["script", "system"])
+    assert stored.system == "You are someone else."
+    api.run(other["task_id"])
+    assert api.call("GET", f"/tasks/{other['task_id']}/result", tenant=tenant)[1]["result"] == "forked"
+    again = fork(other["task_id"], provider="anthropic", model="claude-haiku-4-5")
+    assert again["overridden"] == ["model", "provider", "script", "system"]
+    status, moved, _ = api.call("POST", f"/tasks/{other['task_id']}/agent", {"version": 1}, tenant=tenant)
+    assert status == 200, moved
+    view = api.call("GET", f"/tasks/{other['task_id']}", tenant=tenant)[1]
+    assert (view["agent"], view["overridden"]) == (f"{name}@1", [])
+    assert api.store.tasks.get(other["task_id"]).submission.system == "You are v1."
+
+
 def test_an_agent_is_visible_to_its_tenant_only(api_stack: ApiStack) -> None:
     name = _name()
     api_stack.http("POST", "/agents", _agent(name, "mine"))

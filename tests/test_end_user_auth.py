@@ -647,6 +647,7 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"outcome": None}, "outcome"),
     ({"online": {"alias": "prod", "grade": {"rubric": "r"}}}, "online"),
     ({"own_fields": ["outcome"]}, "own_fields"),
+    ({"overridden": ["model"]}, "overridden"),
     ({"constraints": {"max_steps": 5, "tools": ["shell"]}}, "constraints.tools"),
     ({"constraints": {"tool_policies": {"shell": "allow"}}}, "constraints.tool_policies"),
     ({"workspace": {"allow_hosts": ["example.com"]}}, "workspace.allow_hosts"),

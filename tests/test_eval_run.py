@@ -375,6 +375,7 @@ REFUSED_INPUTS: dict[str, dict[str, Any]] = {
     "constraints.tool_policies": {"constraints": {"tool_policies": {}}},
     "online": {"online": {"alias": "prod", "grade": {"grader": "says_done"}}},
     "own_fields": {"own_fields": ["outcome"]},
+    "overridden": {"overridden": ["model"]},
 }
 
 

@@ -197,6 +197,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         goal=sub.goal,
         provider=sub.provider,
         agent=sub.agent,
+        overridden=list(sub.overridden or ()),
         live_text=task.live_text if task.status is TaskStatus.RUNNING and task.inflight else None,
         model=sub.model,
         fallbacks=list(sub.fallbacks),

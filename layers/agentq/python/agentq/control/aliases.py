@@ -123,7 +123,7 @@ def move_task(
         )
     own = _own_fields(old, lambda: _version_was(store, tenant, name, was), defaults)
     sent = old.model_dump(exclude={*DEFINED_BY_AGENT, *SUPPLIED_BY_AGENT, "agent", "constraints", "memory",
-                                   "own_fields"}, exclude_none=True)  # fmt: skip
+                                   "own_fields", "overridden"}, exclude_none=True)  # fmt: skip
     for field in SUPPLIED_BY_AGENT:
         if field in own and field != "workspace":
             value = getattr(old, field)

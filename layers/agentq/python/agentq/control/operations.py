@@ -13,12 +13,13 @@ from decimal import Decimal
 from typing import Any
 
 from agentq.control.validation import check_submission, parse_submission
+from agentq.core.agents import DEFINED_BY_AGENT, DEFINED_CONSTRAINTS
 from agentq.core.call_keys import OWN_KEYS
 from agentq.core.endusers import NotTheApprover
 from agentq.core.engine import count_as_spent, count_batch_hold_as_spent, spend_lapsed
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
-from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus, asks_for_calls
+from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus, TaskSubmission, asks_for_calls
 from agentq.core.pricing import micros
 from agentq.core.records import ApprovalRecord
 from agentq.core.stops import ScopeStopped, stop_covering
@@ -376,7 +377,9 @@ def fork(
 
     Those steps are copied, never re-executed (their side effects stay done); the fork then
     goes on under its own task id, so its tool calls get new idempotency keys. ``overrides``
-    may change the provider, model, script, system prompt, constraints or priority. A fork
+    may change the provider, model, script, system prompt, constraints or priority. A fork of
+    a task of ``name@N`` keeps that pin (the agent's rules, caps and stops cover it) and records
+    which of the fields N defines its overrides replaced (``overridden``). A fork
     never ends on a turn whose tool calls it would make (``_fork_point``); one at the model's
     answer ends with it (``core.engine._loop``), and a message sent to it goes on from there.
     """
@@ -405,6 +408,9 @@ def fork(
         and "script" not in overrides
     ):
         body.pop("script", None)
+    replaced = _replaced(source.submission, body)
+    if replaced:  # the fork keeps its agent's name@N (its rules, caps, stops) and says what it no longer runs of N
+        body["overridden"] = replaced
     submission = parse_submission(body)
     check_submission(submission, tools)
     stop = stop_covering(store.stops.list(source.tenant), source)
@@ -414,6 +420,19 @@ def fork(
     queues.send(new.task_id, submission.priority, tenant=new.tenant)
     log.info("forked %s at step %d into %s", task_id, at_step, new.task_id)
     return new
+
+
+def _replaced(source: TaskSubmission, body: dict[str, Any]) -> list[str]:
+    """What of the fields its agent's version defines the fork's ``body`` changed from the
+    source's (which are the version's, but for those an earlier fork replaced: kept), for a task
+    that names an agent; [] for one that does not (there is no version to differ from)."""
+    if source.agent is None:
+        return []
+    before = source.model_dump(mode="json", exclude_none=True)
+    changed = {f for f in DEFINED_BY_AGENT if body.get(f) != before.get(f)}
+    was, now = before.get("constraints") or {}, body.get("constraints") or {}
+    changed |= {f"constraints.{f}" for f in DEFINED_CONSTRAINTS if now.get(f) != was.get(f)}
+    return sorted(changed | set(source.overridden or ()))
 
 
 def _fork_point(history: list[StepRecord], at_step: int) -> None:

@@ -172,7 +172,8 @@ function drawGauge(el, v) {
 function drawFacts(el, v) {
   const row = (k, val) => [h("dt", {}, k), h("dd", {}, val)];
   replace(el, h("h2", {}, "Run"), h("dl", {},
-    v.agent ? row("agent", v.agent) : null,
+    v.agent ? row("agent", (v.overridden || []).length ? `${v.agent}, but for ${v.overridden.join(", ")}: replaced by a fork`
+      : v.agent) : null,
     row("model", `${v.provider} · ${v.model}`),
     row("priority", v.priority),
     row("steps", `${v.step} committed · ${v.llm_steps} of ${v.max_steps} LLM turns`),

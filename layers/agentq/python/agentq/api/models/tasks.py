@@ -265,6 +265,11 @@ class TaskView(ApiModel):
     )
     goal: str
     agent: str | None = Field(default=None, description="the agent version the task runs (name@version)")
+    overridden: list[str] = Field(
+        default_factory=list,
+        description="what of the fields its agent's version defines a fork replaced (provider, model, system, "
+        "script, constraints.tools, ...): the task runs `agent` but for these; empty: the version whole",
+    )
     provider: str = Field(description="the task's own provider (a fallback that took over: answered_by)")
     model: str = Field(description="the task's own model (a fallback that took over: answered_by)")
     fallbacks: list[ModelChoice] = Field(

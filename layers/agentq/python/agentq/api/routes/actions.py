@@ -115,7 +115,9 @@ def router(deps: ApiDeps) -> Router:
         "fork",
         "Fork a task at a committed step",
         "forkTask",
-        description="A new task from the source's steps 1..at_step (copied, never re-run), with any overrides.",
+        description="A new task from the source's steps 1..at_step (copied, never re-run), with any overrides. "
+        "A fork of an agent's task keeps its `agent` (name@N); what its overrides replace of that version "
+        "(provider, model, system, script, constraints.tools) its view lists in `overridden`.",
         ok=202,
         ok_description="The new task, queued",
         errors=(423,),

@@ -244,6 +244,7 @@ MAX_CONCURRENCY_KEY_CHARS = 128
 SET_BY_AGENTQ = {
     "online": "set by an alias with online evaluation when it samples the task",
     "own_fields": "recorded when the submission's agent version is resolved",
+    "overridden": "recorded when a fork replaces what its agent's version defines",
 }
 OwnField = Annotated[str, Field(max_length=160)]  # "outcome", "constraints.max_steps", "memory.<store>"
 
@@ -354,6 +355,17 @@ class TaskSubmission(StrictModel):
         "what of the fields a version also gives its tasks the submission set itself (`outcome`, `notify`, "
         "`concurrency`, `output_schema`, `workspace`, `constraints.<name>`, `memory.<store>`); a move to another "
         "version keeps these and takes the rest from that version",
+    )
+
+    # What a fork's overrides replaced of what the pinned version defines (control.operations.fork):
+    # the task still answers to the agent (its rules, caps and stops), but it no longer runs the
+    # version's definition whole, and ``agent: name@N`` alone would claim it did.
+    overridden: list[OwnField] | None = Field(
+        default=None,
+        max_length=16,
+        description="recorded when a fork replaces fields its agent's version defines (never sent: a submission "
+        "carrying it is refused): `provider`, `model`, `system`, `script`, `constraints.tools`, ...; the task runs "
+        "`agent` (name@N) but for these. A move to another version takes them from that version, and clears it",
     )
 
     def candidates(self) -> list[ModelChoice]:
