@@ -59,14 +59,22 @@ export async function request(method, path, body) {
   }
   const text = await resp.text();
   let data = null;
+  let parsed = true;
   try {
     data = text ? JSON.parse(text) : null;
   } catch {
-    data = null;
+    parsed = false;
   }
   if (!resp.ok) {
     const err = (data && data.error) || {};
     throw new ApiError(resp.status, err.code || `http_${resp.status}`, err.message || `HTTP ${resp.status}`, err.field);
+  }
+  // A 2xx whose body is not JSON (a proxy's or a sign-in portal's web page): named as such. Taken
+  // for null, it reached a page as "Cannot read properties of null (reading 'agents')".
+  if (!parsed) {
+    const type = (resp.headers.get("Content-Type") || "no content type").split(";")[0].trim();
+    const said = type.includes("json") ? `${type} that does not parse` : type;
+    throw new ApiError(resp.status, "not_json", `the API answered with ${said}, not JSON`);
   }
   const etag = resp.headers.get("ETag");
   if (method === "GET" && etag) etags.set(target.href, { etag, data });
