@@ -67,7 +67,7 @@ export async function agentPage(ctx, name) {
   try {
     history = { versions: await all(`${path}/versions`, "versions", 100) };  // every page
   } catch (err) {
-    errorPage(ctx.main, h("span", {}, "Agent ", h("span", { class: "mono" }, name)), err, { href: "#/agents", text: "Back to the agents" });
+    errorPage(ctx, h("span", {}, "Agent ", h("span", { class: "mono" }, name)), err, { href: "#/agents", text: "Back to the agents" });
     return;
   }
   // Its aliases (PUT /agents/{name}/aliases/{alias}): run through one, and see where each points.

@@ -18,7 +18,7 @@ export async function comparePage(ctx, a, b) {
   try {
     result = await get(path);
   } catch (err) {
-    errorPage(ctx.main, "Compare two runs", err, { href: `#/tasks/${encodeURIComponent(a)}`, text: "Back to the task" });
+    errorPage(ctx, "Compare two runs", err, { href: `#/tasks/${encodeURIComponent(a)}`, text: "Back to the task" });
     return;
   }
   const head = h("section", { class: "head" });

@@ -93,9 +93,15 @@ export function json(value) {
 }
 
 // What a page shows when the API refused what it asked for (unknown id, another tenant's): the
-// API's own code and message, never a blank page.
-export function errorPage(main, title, err, back) {
-  replace(main,
+// API's own code and message, never a blank page. A 401 (a link opened in a tab that has no key
+// yet) goes to ctx.showError, which asks for the key and draws the page again once it is given:
+// drawn here, it said "401 unauthorized" and never asked.
+export function errorPage(ctx, title, err, back) {
+  if (err.status === 401) {
+    ctx.showError(err);
+    return;
+  }
+  replace(ctx.main,
     h("h1", {}, title),
     h("div", { class: "error-page", role: "alert" },
       h("p", {}, h("strong", {}, `${err.status || ""} ${err.code || "error"}`.trim())),

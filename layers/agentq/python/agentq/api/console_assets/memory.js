@@ -40,7 +40,7 @@ export async function memoryStorePage(ctx, name) {
   try {
     info = await get(store(name));
   } catch (err) {
-    errorPage(ctx.main, h("span", {}, "Memory store ", h("span", { class: "mono" }, name)), err, { href: "#/memory", text: "Back to the stores" });
+    errorPage(ctx, h("span", {}, "Memory store ", h("span", { class: "mono" }, name)), err, { href: "#/memory", text: "Back to the stores" });
     return;
   }
   const notice = h("p", { class: "notice", role: "status", hidden: true });

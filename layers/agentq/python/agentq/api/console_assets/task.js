@@ -21,7 +21,7 @@ export async function taskPage(ctx, taskId) {
   try {
     view = await get(path);
   } catch (err) {
-    errorPage(ctx.main, h("span", {}, "Task ", h("span", { class: "mono" }, taskId)), err, { href: "#/tasks", text: "Back to the task list" });
+    errorPage(ctx, h("span", {}, "Task ", h("span", { class: "mono" }, taskId)), err, { href: "#/tasks", text: "Back to the task list" });
     return;
   }
 
