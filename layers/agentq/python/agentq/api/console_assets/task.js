@@ -49,6 +49,7 @@ export async function taskPage(ctx, taskId) {
     el.result, el.chat, el.children, el.files.el, el.timeline, el.chart, el.trace);
 
   const open = new Set(); // trace nodes a person expanded, kept open across redraws (see drawTrace)
+  const dependencies = new Map(); // each dependency's status as last read (see dependency)
   let shown = { view: "", actions: "", trace: "", children: "" };
 
   async function refresh(first) {
@@ -58,7 +59,7 @@ export async function taskPage(ctx, taskId) {
     shown.view = viewSig;
     drawHead(el.head, view);
     drawGauge(el.gauge, view);
-    drawFacts(el.facts, view);
+    drawFacts(el.facts, view, dependencies);
     drawResult(el.result, view);
     const actionSig = JSON.stringify([view.status, view.step, view.fork_at_step, view.depth, view.pending_tool_use_id, view.pending_approval, view.pending_calls, view.model]);
     if (actionSig !== shown.actions) {
@@ -169,7 +170,7 @@ function drawGauge(el, v) {
       h("span", { class: "muted" }, ": calls whose outcome no worker learned, counted at their holds")) : null);
 }
 
-function drawFacts(el, v) {
+function drawFacts(el, v, known) {
   const row = (k, val) => [h("dt", {}, k), h("dd", {}, val)];
   replace(el, h("h2", {}, "Run"), h("dl", {},
     v.agent ? row("agent", (v.overridden || []).length ? `${v.agent}, but for ${v.overridden.join(", ")}: replaced by a fork`
@@ -186,11 +187,10 @@ function drawFacts(el, v) {
       : v.started_at ? `${fmtSeconds(Date.now() / 1000 - v.started_at)} so far` : "-"),
     row("created", fmtTime(v.created_at)),
     v.finished_at ? row("finished", fmtTime(v.finished_at)) : null,
-    v.depends_on.length ? row("runs after", h("ul", { class: "deps", id: "depends-on" }, v.depends_on.map(dependency))) : null,
+    v.depends_on.length ? row("runs after", h("ul", { class: "deps", id: "depends-on" }, v.depends_on.map((id) => dependency(id, known)))) : null,
     Object.keys(v.metadata).length ? row("metadata", Object.entries(v.metadata).map(([k, val]) => h("span", { class: "kv" }, `${k}=${val}`))) : null));
 }
 
-// A dependency's link, and its status once fetched: a blocked task waits on the ones not yet succeeded.
 // The latest grade of the answer against the task's outcome, and what grading cost (counted in the task's
 // tokens and cost too, shown apart here).
 function gradeFacts(g) {
@@ -202,10 +202,43 @@ function gradeFacts(g) {
     g.feedback ? h("div", { class: "small muted" }, `feedback: ${clip(g.feedback, 300)}`) : null);
 }
 
-function dependency(id) {
-  const status = h("span", { class: "dep-status" });
-  get(`tasks/${encodeURIComponent(id)}`).then((d) => replace(status, " ", badge(d.status)), (err) => replace(status, ` (${err.message})`));
-  return h("li", { "data-dependency": id }, taskLink(id, shortId(id)), status);
+// A dependency's link, and its status once fetched: a blocked task waits on the ones not yet succeeded.
+// Each status is kept for the page's life (`known`: id -> what was read) and read again on a redraw
+// of the facts (each committed event) only until it has ended: read anew every time, three finished
+// dependencies cost 60 GETs a minute. A redraw during a read reads once more after it, so the
+// status drawn last is never older than that redraw.
+function dependency(id, known) {
+  let dep = known.get(id);
+  if (!dep) {
+    dep = { id, status: null, error: null, reading: false, again: false, span: null };
+    known.set(id, dep);
+  }
+  dep.span = h("span", { class: "dep-status" }); // the one drawn last is the one a read fills in
+  drawDependency(dep);
+  readDependency(dep);
+  return h("li", { "data-dependency": id }, taskLink(id, shortId(id)), dep.span);
+}
+
+function readDependency(dep) {
+  if (TERMINAL.has(dep.status)) return;
+  if (dep.reading) {
+    dep.again = true;
+    return;
+  }
+  dep.reading = true;
+  dep.again = false;
+  get(`tasks/${encodeURIComponent(dep.id)}`)
+    .then((d) => { dep.status = d.status; dep.error = null; }, (err) => { dep.error = err.message; })
+    .finally(() => {
+      dep.reading = false;
+      drawDependency(dep);
+      if (dep.again) readDependency(dep);
+    });
+}
+
+function drawDependency(dep) {
+  if (dep.status) replace(dep.span, " ", badge(dep.status));
+  else if (dep.error) replace(dep.span, ` (${dep.error})`);
 }
 
 function drawResult(el, v) {
