@@ -7,11 +7,19 @@ import { newTaskForm } from "./new_task.js";
 import { STATUSES, badge, fmtAgo, fmtInt, fmtUsd, h, replace, shortId, taskLink } from "./dom.js";
 
 const PAGE = 100;
+const CATCH_UP_PAGES = 10; // newer pages read at most in one poll to reach the newest task shown
 const ID = /^[A-Za-z0-9_-]{1,128}$/;
+
+// Where a task stands in the listing: the API's own order (its index's sort key, creation time in
+// epoch milliseconds then the task id: storage/keys.tenant_index_sk); a newer task's sorts after.
+function order(t) {
+  return `${String(Math.trunc(t.created_at * 1000)).padStart(15, "0")}#${t.task_id}`;
+}
 
 export function taskListPage(ctx) {
   const params = new URLSearchParams(window.location.hash.split("?")[1] || "");
-  const state = { status: params.get("status") || "", query: "", meta: null, children: false, older: [], cursor: null, page: null };
+  const state = { status: params.get("status") || "", query: "", meta: null, children: false, rows: null, older: false, cursor: null };
+  let asked = 0; // the latest refresh: only its answer is drawn
   let searchTimer = null;
 
   const counts = h("div", { class: "filters", role: "group", "aria-label": "Filter by status" });
@@ -38,7 +46,7 @@ export function taskListPage(ctx) {
         return;
       }
       state.meta = meta;
-      state.older = [];
+      state.older = false;
       window.clearTimeout(searchTimer);
       searchTimer = window.setTimeout(() => refresh().catch(ctx.showError), 300);
     },
@@ -48,7 +56,7 @@ export function taskListPage(ctx) {
     type: "checkbox",
     onchange: () => {
       state.children = childrenBox.checked;
-      state.older = [];
+      state.older = false;
       refresh().catch(() => {});
     },
   });
@@ -101,20 +109,51 @@ export function taskListPage(ctx) {
     tenantsTable.hidden = false;
   }
 
+  // Once older pages are loaded (state.older), the first page read again is merged by id: pages are
+  // read from the top until they reach the newest task shown, and what they cover replaces what was
+  // shown there; the older tasks below stay. The first page alone, shown above the older pages as
+  // they were loaded, left out every task that newer ones had pushed off it.
   async function refresh() {
+    const ask = ++asked;
     const everything = await get(query());
     get("usage").then(drawUsage, () => { usageNote.textContent = ""; tenantsTable.hidden = true; }); // once the key is known to work
     const page = state.status ? await get(query({ status: state.status })) : everything;
-    state.page = page;
-    state.cursor = state.older.length ? state.cursor : page.next_cursor;
+    let fresh = page.tasks;
+    let next = page.next_cursor;
+    // Does `fresh` reach the newest task shown (with older pages loaded; else there is none to reach)?
+    const reached = () => state.older && state.rows.length > 0 && fresh.length > 0
+      && order(fresh[fresh.length - 1]) <= order(state.rows[0]);
+    for (let n = 0; state.older && next && !reached() && n < CATCH_UP_PAGES; n += 1) {
+      const more = await get(`${query({ status: state.status })}&cursor=${encodeURIComponent(next)}`);
+      fresh = fresh.concat(more.tasks);
+      next = more.next_cursor;
+    }
+    if (ask !== asked) return;
+    if (next && reached()) {
+      // Everything from the top of the listing down to `edge` is in `fresh`: a task shown above
+      // it and not in `fresh` has left the listing (a status filter's, or gone).
+      const edge = order(fresh[fresh.length - 1]);
+      const ids = new Set(fresh.map((t) => t.task_id));
+      const kept = state.rows.filter((t) => !ids.has(t.task_id) && order(t) < edge);
+      state.rows = fresh.concat(kept);
+      if (!kept.length) state.cursor = next; // `fresh` reaches past every task that was shown
+    } else {
+      state.rows = fresh; // the whole listing, or more newer tasks than a poll reads: from the top again
+      state.cursor = next;
+      state.older = Boolean(next) && fresh.length > PAGE;
+    }
     drawCounts(everything);
     draw();
   }
 
   async function loadOlder() {
-    if (!state.cursor) return;
-    const page = await get(`${query({ status: state.status })}&cursor=${encodeURIComponent(state.cursor)}`);
-    state.older.push(...page.tasks);
+    const from = state.cursor;
+    if (!from) return;
+    const page = await get(`${query({ status: state.status })}&cursor=${encodeURIComponent(from)}`);
+    if (state.cursor !== from) return; // a refresh or another press moved on meanwhile
+    const ids = new Set(state.rows.map((t) => t.task_id));
+    state.rows = state.rows.concat(page.tasks.filter((t) => !ids.has(t.task_id)));
+    state.older = true;
     state.cursor = page.next_cursor;
     draw();
   }
@@ -130,7 +169,7 @@ export function taskListPage(ctx) {
         "data-status": status || "all",
         onclick: () => {
           state.status = status;
-          state.older = [];
+          state.older = false;
           refresh().catch(() => {});
         },
       }, label, " ", h("span", { class: "count" }, fmtInt(n)));
@@ -154,7 +193,7 @@ export function taskListPage(ctx) {
   }
 
   function draw() {
-    const rows = [...(state.page ? state.page.tasks : []), ...state.older].filter((t) => !state.query || matches(t, state.query));
+    const rows = (state.rows || []).filter((t) => !state.query || matches(t, state.query));
     replace(body, rows.map((t) =>
       h("tr", { "data-task": t.task_id },
         h("td", {}, taskLink(t.task_id, shortId(t.task_id))),
