@@ -211,16 +211,54 @@ def test_a_list_parameter_still_repeats(api_stack: ApiStack) -> None:
     assert status == 200 and page["tasks"] == [], page
 
 
-def test_redrive_takes_no_body_and_refuses_one_with_fields(api_stack: ApiStack) -> None:
-    status, body, _ = api_stack.http("POST", "/dead-letters/normal/redrive", {"max": -1})
+def test_a_route_that_takes_no_body_refuses_one_with_fields(api_stack: ApiStack) -> None:
+    status, body, _ = api_stack.http("POST", "/tasks/no-such-task/cancel", {"max": -1})
     assert status == 422 and body["error"] == {
         "code": "validation_error",
         "message": "max: unknown field (this route takes no body)",
         "field": "max",
     }, body
-    status, body, _ = api_stack.http("POST", "/dead-letters/normal/redrive", [1])
+    status, body, _ = api_stack.http("POST", "/tasks/no-such-task/cancel", [1])
     assert status == 422 and body["error"]["field"] == "body", body
     nothing: list[dict[str, object] | None] = [None, {}]  # none, or the console's {}
+    for sent in nothing:  # the route runs
+        status, body, _ = api_stack.http("POST", "/tasks/no-such-task/cancel", sent)
+        assert status == 404 and body["error"]["code"] == "task_not_found", body
+
+
+@pytest.mark.parametrize(
+    ("sent", "field", "message"),
+    [
+        ({"max": -1}, "max", "max: unknown field"),
+        ([1], "body", "the body must be a JSON object"),
+        (
+            {"message_ids": []},
+            "message_ids",
+            "message_ids: name at least one dead letter, or leave message_ids out to redrive every one",
+        ),
+        ({"message_ids": "m-1"}, "message_ids", "message_ids: Input should be a valid list"),
+        ({"message_ids": ["m-1", ""]}, "message_ids[1]", "message_ids[1]: String should have at least 1 character"),
+        (
+            {"message_ids": ["m/1"]},
+            "message_ids[0]",
+            "message_ids[0]: a dead letter's message_id as GET /dead-letters lists it, not 'm/1'",
+        ),
+        (
+            {"message_ids": ["m"] * 1001},
+            "message_ids",
+            "message_ids: List should have at most 1000 items after validation, not 1001",
+        ),
+    ],
+)
+def test_a_redrive_names_what_is_wrong_with_its_message_ids(
+    api_stack: ApiStack, sent: object, field: str, message: str
+) -> None:
+    status, body, _ = api_stack.http("POST", "/dead-letters/normal/redrive", sent)
+    assert status == 422 and body["error"] == {"code": "validation_error", "message": message, "field": field}, body
+
+
+def test_a_redrive_without_message_ids_still_takes_no_body_or_an_empty_one(api_stack: ApiStack) -> None:
+    nothing: list[dict[str, object] | None] = [None, {}, {"message_ids": None}]  # none, the console's {}, null
     for sent in nothing:
         status, body, _ = api_stack.http("POST", "/dead-letters/normal/redrive", sent)
         assert status == 200 and body["tier"] == "normal", body
@@ -233,3 +271,13 @@ def test_a_policy_test_names_the_calls_tool(api_stack: ApiStack, sent: dict[str,
     assert status == 422 and body["error"]["field"] == field, body
     status, body, _ = api_stack.http("POST", "/policies/test", {"call": {"tool": "lookup"}})
     assert status == 200 and body["decision"] == "allow", body
+
+
+@pytest.mark.parametrize("path", ["/dead-letters/normal/redrive", "/tasks/no-such-task/approve", "/tasks"])
+def test_a_null_body_is_a_422_naming_the_body_where_a_route_takes_an_object(api_stack: ApiStack, path: str) -> None:
+    status, body, _ = api_stack.http("POST", path, raw=b"null")
+    assert status == 422 and body["error"] == {
+        "code": "validation_error",
+        "message": "the body must be a JSON object",
+        "field": "body",
+    }, body

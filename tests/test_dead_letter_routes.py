@@ -73,3 +73,32 @@ def test_a_tenant_sees_and_redrives_its_own_dead_letter_behind_a_hundred_of_anot
         assert status == 200 and len(page["dead_letters"]) == 100, (status, len(page["dead_letters"]))
     finally:
         _drain(queues)
+
+
+def test_a_redrive_naming_message_ids_moves_those_only_and_never_another_tenants(api_stack: ApiStack) -> None:
+    """The console's Redrive moved every dead letter of the tier at the click, one that came after
+    the page's listing too, never shown to the person who pressed it: it names what it showed."""
+    stack = api_stack.stack
+    store, queues = stack.store(), stack.queues()
+    shown, later = (store.tasks.create(_submission(), tenant="team-a") for _ in range(2))
+    theirs = store.tasks.create(_submission(), tenant="team-b")
+    queues.dead_letter(TIER, TaskMessage(task_id=shown.task_id).model_dump_json(), "shown")
+    queues.dead_letter(TIER, TaskMessage(task_id=theirs.task_id).model_dump_json(), "theirs")
+    try:
+        status, page, _ = api_stack.http("GET", f"/dead-letters?tier={TIER}")
+        assert status == 200 and [d["task_id"] for d in page["dead_letters"]] == [shown.task_id], page
+        listed = [d["message_id"] for d in page["dead_letters"]]
+        status, page, _ = api_stack.http("GET", f"/dead-letters?tier={TIER}", key=api_stack.other_key)
+        their_ids = [d["message_id"] for d in page["dead_letters"]]
+        queues.dead_letter(TIER, TaskMessage(task_id=later.task_id).model_dump_json(), "came after the listing")
+        named = {"message_ids": [*listed, *their_ids]}  # another tenant's id too: not moved
+        status, done, _ = api_stack.http("POST", f"/dead-letters/{TIER}/redrive", named)
+        assert (status, done) == (200, {"tier": TIER, "moved": 1, "task_ids": [shown.task_id]}), (status, done)
+        status, done, _ = api_stack.http("POST", f"/dead-letters/{TIER}/redrive", {"message_ids": listed})
+        assert (status, done) == (200, {"tier": TIER, "moved": 0, "task_ids": []}), (status, done)  # gone already
+        status, page, _ = api_stack.http("GET", f"/dead-letters?tier={TIER}", key=api_stack.other_key)
+        assert [d["message_id"] for d in page["dead_letters"]] == their_ids, page
+        status, done, _ = api_stack.http("POST", f"/dead-letters/{TIER}/redrive")  # no body: every one of ours
+        assert (status, done) == (200, {"tier": TIER, "moved": 1, "task_ids": [later.task_id]}), (status, done)
+    finally:
+        _drain(queues)

@@ -40,7 +40,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 )
 
 from agentq.api import views as api_views
-from agentq.api.models import MAX_BODY_BYTES, ErrorResponse
+from agentq.api.models import MAX_BODY_BYTES, MESSAGE_ID_PATTERN, ErrorResponse
 from agentq.api.routes.common import Router
 from agentq.core.caps import CapNotFound
 from agentq.core.endusers import NotTheApprover, UserMayNot, UserNotAllowed
@@ -190,7 +190,8 @@ PATTERN_RULES = {
     VALUE_PATTERNS["key"]: SCOPE_RULES["key"],
 }
 FIELD_RULES = {(VALUE_PATTERNS[kind], kind): rule for kind, rule in SCOPE_RULES.items()} | {
-    (MEMORY_STORE_PATTERN, "store"): f"a memory store's name: {NAME_RULE}"
+    (MEMORY_STORE_PATTERN, "store"): f"a memory store's name: {NAME_RULE}",
+    (MESSAGE_ID_PATTERN, "message_ids"): "a dead letter's message_id as GET /dead-letters lists it",
 }
 
 # A query parameter out of its range: pydantic's words ("Input should be less than or equal

@@ -6,8 +6,11 @@ is refused by the models: a 4xx naming what to fix, and the route never runs.
   said "Input should be a valid integer"; ``?status=running&status=queued`` listed the valid values
   as if running were not one); a list parameter (``metadata``) repeats as documented
 - a body sent to a route that takes none: 422 naming its first field (``POST
-  /dead-letters/normal/redrive {"max": -1}`` was a 200, the body ignored); no body, or ``{}`` (what
+  /tasks/{id}/cancel {"max": -1}`` was a 200, the body ignored); no body, or ``{}`` (what
   the console sends with a bodiless POST), is what such a route takes
+- a JSON ``null`` sent to a route that takes an object: 422 naming the body. A route whose body
+  is optional (a redrive's ``message_ids``, an approval's note) took it for no body: the redrive
+  of every dead letter of the tier, for a body its schema refuses
 
 Routes left out of the OpenAPI document (A2A, MCP, the console's pages) read the request
 themselves and are not checked here. A query parameter a route does not declare is passed on, not
@@ -38,8 +41,23 @@ def refusal(route: Route, event: Mapping[str, Any]) -> Refusal | None:
         param = declared.get(name)
         if param is not None and len(values or ()) > 1 and not is_scalar_sequence_field(param):
             return 422, "validation_error", f"{name}: given {len(values)} times; give it once", name
-    if not dependant.body_params and event.get("body"):
-        return _no_body(str(event["body"]), bool(event.get("isBase64Encoded")))
+    if event.get("body"):
+        raw, encoded = str(event["body"]), bool(event.get("isBase64Encoded"))
+        return _null_body(raw, encoded) if dependant.body_params else _no_body(raw, encoded)
+    return None
+
+
+def _null_body(raw: str, encoded: bool) -> Refusal | None:
+    """A body of JSON ``null`` where the route takes an object; anything else is the model's to
+    read. Looked for in the text (JSON's whitespace around ``null``), not parsed: a submission or
+    an upload is parsed once, by the route."""
+    if encoded:
+        try:
+            raw = base64.b64decode(raw).decode("utf-8", "replace") if len(raw) <= 64 else ""
+        except ValueError:
+            return None  # not base64: the resolver reads (and refuses) it as for every body
+    if raw.strip(" \t\n\r") == "null":
+        return 422, "validation_error", "the body must be a JSON object", "body"
     return None
 
 

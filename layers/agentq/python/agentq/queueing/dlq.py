@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -300,7 +300,12 @@ class TenantRedrive:
 
 
 def redrive_for_tenant(
-    queues: TaskQueues, store: Storage, tenant: str, tier: str, max_messages: int = MAX_TENANT_REDRIVE
+    queues: TaskQueues,
+    store: Storage,
+    tenant: str,
+    tier: str,
+    max_messages: int = MAX_TENANT_REDRIVE,
+    message_ids: Collection[str] | None = None,
 ) -> TenantRedrive:
     """Move one tenant's dead letters of a tier back to the tier's queue, and nobody else's.
 
@@ -310,8 +315,14 @@ def redrive_for_tenant(
     stays hidden until the scan ends, so it is seen once, and is then made visible again.
     A message is deleted only after its copy was sent, so a failure in between can at worst
     leave a duplicate, which the task's lease and status make harmless.
+
+    ``message_ids``: only those messages (ids as a listing gave them), so a redrive moves what
+    the person pressing it was shown, never a dead letter that came after their listing; the scan
+    ends once it has seen every one. One no longer there (redriven meanwhile) is not moved, and
+    neither is one of another tenant's, named or not. None: every one of the tenant's.
     """
     source, dlq = queues.url(tier), queues.dlq_url(tier)
+    wanted = None if message_ids is None else set(message_ids)
     owners: dict[str, str | None] = {}
     held: list[str] = []
     moved: list[str] = []
@@ -325,7 +336,7 @@ def redrive_for_tenant(
         return owners[task_id]
 
     try:
-        while seen < max_messages:
+        while seen < max_messages and (wanted is None or wanted):
             batch = queues.sqs.receive_message(
                 QueueUrl=dlq,
                 MaxNumberOfMessages=min(10, max_messages - seen),
@@ -339,7 +350,10 @@ def redrive_for_tenant(
             seen += len(batch)
             for m in batch:
                 task_id = _task_id(m["Body"])
-                if task_id is None or owner(task_id) != tenant:
+                named = wanted is None or m["MessageId"] in wanted
+                if wanted is not None:
+                    wanted.discard(m["MessageId"])
+                if not named or task_id is None or owner(task_id) != tenant:
                     held.append(m["ReceiptHandle"])
                     continue
                 attributes = m.get("MessageAttributes") or {}

@@ -1,4 +1,6 @@
-// Dead letters per tier: each message's reason and its task's status; redrive a tier's messages.
+// Dead letters per tier: each message's reason and its task's status; redrive a tier's messages,
+// the ones the page shows (by their message ids): a dead letter that came after the last poll
+// (every 5 s) was never shown, and stays where it is.
 
 import { get, post } from "./api.js";
 import { badge, fmtTime, h, replace, shortId, taskLink } from "./dom.js";
@@ -14,12 +16,18 @@ export function deadLettersPage(ctx) {
     notice,
     TIERS.map((t) => sections[t]));
 
+  const listed = Object.fromEntries(TIERS.map((t) => [t, []])); // tier -> the message ids drawn
+
   async function redrive(tier, button) {
+    const ids = listed[tier];
+    if (!ids.length) return;
     button.disabled = true;
     try {
-      const out = await post(`dead-letters/${tier}/redrive`);
+      const out = await post(`dead-letters/${tier}/redrive`, { message_ids: ids });
       ctx.showError(null);
-      notice.textContent = `Redrove ${out.moved} message(s) of the ${tier} tier${out.task_ids.length ? `: ${out.task_ids.join(", ")}` : ""}.`;
+      const gone = ids.length - out.moved; // redriven meanwhile (another tab, the CLI): no longer there
+      notice.textContent = `Redrove ${out.moved} message(s) of the ${tier} tier${out.task_ids.length ? `: ${out.task_ids.join(", ")}` : ""}.`
+        + (gone > 0 ? ` ${gone} of those shown were no longer there.` : "");
       notice.hidden = false;
       await refresh();
     } catch (err) {
@@ -43,6 +51,7 @@ export function deadLettersPage(ctx) {
     shown = sig;
     for (const tier of TIERS) {
       const letters = page.dead_letters.filter((d) => d.tier === tier);
+      listed[tier] = letters.map((d) => d.message_id);
       const button = h("button", { type: "button", id: `redrive-${tier}`, disabled: !letters.length }, `Redrive ${tier}`);
       button.addEventListener("click", () => redrive(tier, button));
       replace(sections[tier],

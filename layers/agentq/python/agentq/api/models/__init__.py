@@ -73,11 +73,13 @@ from agentq.api.models.files import FileEntry as FileEntry
 from agentq.api.models.files import FileList as FileList
 from agentq.api.models.files import WorkspaceUploaded as WorkspaceUploaded
 from agentq.api.models.files import WorkspaceUploadRequest as WorkspaceUploadRequest
+from agentq.api.models.fleet import MESSAGE_ID_PATTERN as MESSAGE_ID_PATTERN
 from agentq.api.models.fleet import BreakersView as BreakersView
 from agentq.api.models.fleet import BreakerView as BreakerView
 from agentq.api.models.fleet import CallerUsage as CallerUsage
 from agentq.api.models.fleet import DeadLetterPage as DeadLetterPage
 from agentq.api.models.fleet import DeadLetterView as DeadLetterView
+from agentq.api.models.fleet import RedriveRequest as RedriveRequest
 from agentq.api.models.fleet import RedriveResult as RedriveResult
 from agentq.api.models.fleet import SpendView as SpendView
 from agentq.api.models.fleet import TenantsUsage as TenantsUsage

@@ -3,9 +3,9 @@ spend, the circuit breakers, the dead letters and their redrive."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agentq.api.models.base import (
     ApiModel,
@@ -13,8 +13,13 @@ from agentq.api.models.base import (
 from agentq.api.models.caps import CapView
 from agentq.core.models import (
     Priority,
+    StrictModel,
     TaskStatus,
 )
+
+MAX_REDRIVE_IDS = 1_000  # ids one redrive may name: as many as it looks at (queueing.dlq.MAX_TENANT_REDRIVE)
+MESSAGE_ID_PATTERN = r"^[A-Za-z0-9_-]+$"  # SQS's ids are UUIDs
+MessageId = Annotated[str, Field(min_length=1, max_length=128, pattern=MESSAGE_ID_PATTERN)]
 
 
 class TenantUsage(ApiModel):
@@ -130,6 +135,29 @@ class DeadLetterPage(ApiModel):
         description="this tenant's dead letters, by tier then age; messages that name no task of this tenant "
         "(another tenant's, or unreadable ones) are not listed"
     )
+
+
+class RedriveRequest(StrictModel):
+    """Which dead letters a redrive moves: the ones the caller was shown. The tier may hold more
+    by the time the redrive runs (dead letters that came after the listing, which nobody looked
+    at), and a redrive of the whole tier moved them too. Without ``message_ids`` (no body, or
+    ``{}``) it still moves every one of the tenant's, as before."""
+
+    message_ids: list[MessageId] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_REDRIVE_IDS,
+        description="only these dead letters (each one's message_id from GET /dead-letters); one no longer there "
+        "(redriven meanwhile) or another tenant's is not moved. Omitted: every one of this tenant's in the tier",
+    )
+
+    @field_validator("message_ids", mode="before")
+    @classmethod
+    def _some(cls, value: object) -> object:
+        # An empty list moves nothing, and is not the omitted field (every one): say which to send.
+        if value == []:
+            raise ValueError("name at least one dead letter, or leave message_ids out to redrive every one")
+        return value
 
 
 class RedriveResult(ApiModel):

@@ -2,7 +2,9 @@
 
 A tier's DLQ is shared by every tenant, so both routes see only messages that name one of
 the caller's tasks: the list leaves the others out, and the redrive moves the caller's own
-messages and puts every other one back untouched (``queueing.dlq.redrive_for_tenant``). Both
+messages and puts every other one back untouched (``queueing.dlq.redrive_for_tenant``). A
+redrive names the messages it moves (``message_ids``, the listing's) when the caller was shown
+them, as the console does: the tier's DLQ may hold more by then, which nobody saw. Both
 look at the same first ``MAX_TENANT_REDRIVE`` (1,000) messages of a tier: what the list shows
 the redrive moves, and a tenant's dead letter behind a hundred of another's is listed (and the
 console's Redrive button, disabled on an empty list, can be pressed).
@@ -17,9 +19,9 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler.api_gateway import Router
-from aws_lambda_powertools.event_handler.openapi.params import Path, Query
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
-from agentq.api.models import DeadLetterPage, DeadLetterView, ErrorResponse, RedriveResult
+from agentq.api.models import DeadLetterPage, DeadLetterView, ErrorResponse, RedriveRequest, RedriveResult
 from agentq.core.models import Priority, TaskStatus
 from agentq.queueing.dlq import MAX_TENANT_REDRIVE, list_dead_letters, redrive_for_tenant
 from agentq.queueing.queues import TaskQueues
@@ -27,6 +29,7 @@ from agentq.resources import TIERS
 from agentq.storage.container import Storage
 
 JSON = "application/json"
+EVERY_ONE = RedriveRequest()  # no body, or {}: every one of the tenant's dead letters of the tier
 
 
 def _responses(model: type, *errors: tuple[int, str]) -> dict[int, Any]:
@@ -72,8 +75,9 @@ def router(store: Storage, queues: TaskQueues, tenant: Callable[[], str]) -> Rou
         "/dead-letters/<tier>/redrive",
         summary="Redrive this tenant's dead letters of a tier",
         description="Moves the messages naming this tenant's tasks back to the tier's queue; each task resumes "
-        "from its checkpoint. Other tenants' messages stay where they are. Takes no body (none, or `{}`): a body "
-        "with fields is a 422 naming the first.",
+        "from its checkpoint. Other tenants' messages stay where they are. `message_ids` (the listing's) moves "
+        "those only, so a dead letter that came after the caller's listing stays; without it (no body, or `{}`) "
+        "every one of the tenant's in the tier moves. Any other field is a 422 naming it.",
         operation_id="redriveDeadLetters",
         tags=["dead letters"],
         responses=_responses(
@@ -82,8 +86,11 @@ def router(store: Storage, queues: TaskQueues, tenant: Callable[[], str]) -> Rou
             (422, "A field is invalid (validation_error); `field` names it"),
         ),
     )
-    def redrive(tier: Annotated[Priority, Path(description="high, normal or low")]) -> RedriveResult:
-        done = redrive_for_tenant(queues, store, tenant(), tier)
+    def redrive(
+        tier: Annotated[Priority, Path(description="high, normal or low")],
+        request: Annotated[RedriveRequest, Body(description="which dead letters")] = EVERY_ONE,
+    ) -> RedriveResult:
+        done = redrive_for_tenant(queues, store, tenant(), tier, message_ids=request.message_ids)
         return RedriveResult(tier=tier, moved=done.moved, task_ids=done.task_ids)
 
     return router
