@@ -1,6 +1,7 @@
 """The dead-letter page's Redrive button, in a real browser (the stack and the tab of
 tests/test_console.py): it moves the dead letters the page shows, not whatever the tier holds
-when it is pressed."""
+when it is pressed, and a redrive still running cannot be sent a second time by a press on the
+button the page's poll drew meanwhile."""
 
 from __future__ import annotations
 
@@ -68,4 +69,35 @@ def test_redrive_moves_only_the_dead_letters_the_page_shows(console: Console, ta
     finally:
         release(page, held)
     page.wait_for_selector(f"tr[data-task='{unseen}']:has(td.reason)")  # the next poll shows it
+    no_errors(tab)
+
+
+def test_the_redrive_button_stays_disabled_while_its_redrive_runs(console: Console, tab: Page) -> None:
+    """A double click sent one redrive (the button was disabled at once), but the page's poll drew
+    a new, enabled button while the redrive was still running (a slow one: a tier holding many
+    other tenants' messages), and a press on it sent a second redrive."""
+    first, second = finished_tasks(console, 2)
+    queues = console.stack.queues()
+    queues.dead_letter("high", json.dumps({"task_id": first, "kind": "run"}), "first")
+    page = tab.page
+    held: list[Any] = []
+    page.route("**/dead-letters/high/redrive", hold(held))  # the redrive reaches the API when let go
+    try:
+        page.click("a[data-nav='dead-letters']")
+        page.wait_for_selector(f"tr[data-task='{first}']:has(td.reason)")
+        page.dblclick("#redrive-high")
+        queues.dead_letter("high", json.dumps({"task_id": second, "kind": "run"}), "second")
+        # The page's poll meanwhile: the listing changed, so it draws the tier anew.
+        page.wait_for_selector(f"tr[data-task='{second}']:has(td.reason)")
+        assert page.is_disabled("#redrive-high")
+        page.evaluate("() => document.getElementById('redrive-high').click()")  # pressed again: nothing
+        assert len(held) == 1, [r.request.post_data for r in held]
+        held.pop().continue_()
+        page.wait_for_selector(".notice:not([hidden])")
+        assert first in page.inner_text(".notice")
+        page.wait_for_selector("#redrive-high:not([disabled])")  # done: the second letter may be redriven
+        assert held == [], [r.request.post_data for r in held]
+        assert letters_shown(page, "high") == [second]
+    finally:
+        release(page, held)
     no_errors(tab)

@@ -17,11 +17,17 @@ export function deadLettersPage(ctx) {
     TIERS.map((t) => sections[t]));
 
   const listed = Object.fromEntries(TIERS.map((t) => [t, []])); // tier -> the message ids drawn
+  // A tier's redrive in flight (a slow one: a tier holding many other tenants' messages): its button
+  // is drawn disabled until it is done, also the new one each poll draws meanwhile. Drawn enabled,
+  // a press on it sent a second redrive.
+  const running = new Set();
+  const buttons = {}; // tier -> its button as drawn last
 
-  async function redrive(tier, button) {
+  async function redrive(tier) {
     const ids = listed[tier];
-    if (!ids.length) return;
-    button.disabled = true;
+    if (running.has(tier) || !ids.length) return;
+    running.add(tier);
+    buttons[tier].disabled = true;
     try {
       const out = await post(`dead-letters/${tier}/redrive`, { message_ids: ids });
       ctx.showError(null);
@@ -33,7 +39,8 @@ export function deadLettersPage(ctx) {
     } catch (err) {
       ctx.showError(err);
     } finally {
-      button.disabled = false;
+      running.delete(tier);
+      buttons[tier].disabled = !listed[tier].length;
     }
   }
 
@@ -52,8 +59,9 @@ export function deadLettersPage(ctx) {
     for (const tier of TIERS) {
       const letters = page.dead_letters.filter((d) => d.tier === tier);
       listed[tier] = letters.map((d) => d.message_id);
-      const button = h("button", { type: "button", id: `redrive-${tier}`, disabled: !letters.length }, `Redrive ${tier}`);
-      button.addEventListener("click", () => redrive(tier, button));
+      const button = h("button", { type: "button", id: `redrive-${tier}`, disabled: running.has(tier) || !letters.length }, `Redrive ${tier}`);
+      button.addEventListener("click", () => redrive(tier));
+      buttons[tier] = button;
       replace(sections[tier],
         h("div", { class: "row spread" }, h("h2", { id: `dlq-${tier}` }, `${tier} (${letters.length})`), button),
         letters.length
