@@ -226,3 +226,90 @@ def test_a_late_report_of_exactly_the_holds_size_racing_a_fold_is_folded_as_know
         budget = backend.budgets.get(budget_id)
         assert (budget.used, budget.known) == (HOLD, HOLD), budget_id
         _assert_ledger(budget, unknown=0, unknown_micros=0)
+
+
+def _grandchild_holding(backend: Storage) -> tuple[list[str], Reservation]:
+    """A root, its child and the child's child, whose worker held for a call and then lost its
+    lease (the call's outcome unknown): the budgets' ids, root first, and the hold."""
+    lease = claimed(backend, max_tokens=5000)
+    ids = [lease.task_id, f"child-{time.time_ns()}", f"grandchild-{time.time_ns()}"]
+    for i, share in ((1, 1000), (2, 600)):
+        parent = backend.tasks.get(ids[i - 1])
+        backend.spawns.create(lease, parent, f"sp{i}", [ChildPlan(ids[i], scripted([{"text": "c"}]), share, 60)], [], 1)
+        got = backend.tasks.claim(ids[i], "w2", 30)
+        assert got is not None
+        lease = got[0]
+    held = backend.budgets.reserve(lease, ids[2], HOLD, 1, until=time.time() + 60, micros=HOLD_MICROS)
+    backend.tasks.release(lease)
+    return ids, held
+
+
+def _grandchild_folded(
+    backend: Storage, *, spent_before_fold: bool, seen: bool = False
+) -> tuple[list[str], Reservation]:
+    """The grandchild's call still out when the tree ended around it (a cancel, or the root's
+    fan-out giving up on the child): the grandchild folded into the child, the child into the
+    root, leaves first. The budgets' ids, root first, and the hold (with what its call was seen
+    to bill, ``seen``)."""
+    ids, held = _grandchild_holding(backend)
+    held = held.with_seen(_seen(held)) if seen else held
+    if spent_before_fold:
+        backend.budgets.spend_lapsed(ids[2], ids[2], held, parent_id=ids[1])
+    backend.budgets.settle_child(ids[1], ids[2])
+    backend.budgets.settle_child(ids[0], ids[1])
+    return ids, held
+
+
+@pytest.mark.parametrize("spent_before_fold", [False, True], ids=["hold_out_at_fold", "spent_before_fold"])
+def test_a_grandchilds_call_reported_after_the_tree_was_folded_corrects_every_budget_above_it(
+    backend: Storage, spent_before_fold: bool
+) -> None:
+    """The folds carried the grandchild's hold, whole, into the child and the root. Its report
+    must correct every one of them: it corrected the child only, and the root kept the whole
+    hold as used and unknown for good (a cancel of a tree whose grandchildren were mid call)."""
+    ids, _ = _grandchild_folded(backend, spent_before_fold=spent_before_fold)
+    for budget_id in ids[:2]:  # the folds counted it as spent, unknown; the grandchild holds it
+        _assert_ledger(backend.budgets.get(budget_id), unknown=HOLD, unknown_micros=HOLD_MICROS)
+    assert backend.budgets.settle_orphan(ids[2], ids[2], _usage(110), inflight_epoch=1, parent_id=ids[1]) is True
+    for budget_id in ids:
+        budget = backend.budgets.get(budget_id)
+        assert (budget.used, budget.reserved) == (110, 0), budget_id
+        _assert_ledger(budget, unknown=0, unknown_micros=0)
+
+
+def test_what_a_folded_grandchilds_spent_hold_was_seen_to_bill_is_known_all_the_way_up(backend: Storage) -> None:
+    ids, held = _grandchild_folded(backend, spent_before_fold=False, seen=True)
+    backend.budgets.spend_lapsed(ids[2], ids[2], held, parent_id=ids[1])
+    for budget_id in ids:
+        budget = backend.budgets.get(budget_id)
+        assert (budget.used, budget.known) == (HOLD, 150), budget_id
+        _assert_ledger(budget, unknown=HOLD - 150, unknown_micros=HOLD_MICROS - 900)
+
+
+def test_a_fold_of_the_child_landing_after_the_report_read_the_line_is_corrected_one_level_higher(
+    backend: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report reads the grandchild's ancestors while the child is not yet folded; the
+    child's fold lands before the report's write. The write, conditioned on the child still not
+    folded, fails, and the report reads the line again: the root gets the correction too."""
+    from agentq.storage import budget_folds, budgets
+
+    ids, _ = _grandchild_holding(backend)
+    backend.budgets.settle_child(ids[1], ids[2])
+    read, folded = budget_folds.folded_line, list[bool]()
+
+    def read_then_fold(table: object, parent_id: str) -> list[tuple[str, bool]]:
+        line = read(table, parent_id)  # type: ignore[arg-type]
+        if not folded:  # the child's fold lands between the read and the write
+            backend.budgets.settle_child(ids[0], ids[1])
+            folded.append(True)
+        return line
+
+    monkeypatch.setattr(budgets, "folded_line", read_then_fold)
+    assert backend.budgets.settle_orphan(ids[2], ids[2], _usage(110), inflight_epoch=1, parent_id=ids[1]) is True
+    monkeypatch.undo()
+    assert folded == [True]
+    for budget_id in ids:
+        budget = backend.budgets.get(budget_id)
+        assert (budget.used, budget.reserved) == (110, 0), budget_id
+        _assert_ledger(budget, unknown=0, unknown_micros=0)

@@ -54,10 +54,11 @@ from typing import Any
 from boto3.dynamodb.conditions import Attr
 
 from agentq.core.errors import BudgetExceeded, TaskNotFound
-from agentq.core.models import Lease
+from agentq.core.models import MAX_DEPTH, Lease
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState, Reservation
 from agentq.storage import keys
+from agentq.storage.budget_folds import ANCESTOR, ancestor_fixes, folded_line
 from agentq.storage.budget_items import (
     SETTLED,
     BudgetRaise,
@@ -246,9 +247,7 @@ class Budgets:
             update = Update(set={spent_name(held.epoch): seen_ticket(held)} if ticket else {}, remove=gone)
             moved = Patch("ticket", keys.meta_key(task_id), update, condition)
             if held.seen and parent_id is not None:
-                folded_parent = Patch("parent", keys.meta_key(parent_id), Update(add=known))
-                if self._either(task_id, budget_id, [unless_folded(moved), spend],
-                                [if_folded(moved), spend, folded_parent]):  # fmt: skip
+                if self._up_the_folds(task_id, budget_id, moved, spend, parent_id, known):
                     return True
             elif self._written(task_id, budget_id, [moved, spend]):
                 return True
@@ -290,9 +289,9 @@ class Budgets:
 
         A child whose budget its parent already folded in (``settle_child`` took its ``used +
         reserved``, this hold counted as spent) passes its ``parent_id``: the parent then gets
-        the difference in the same transaction (``used + actual - hold``), so the tree's ledger
-        ends equal to what the calls used, not to what they were allowed. One level: a parent
-        folded into its own parent meanwhile is not corrected further.
+        the difference in the same transaction (``used + actual - hold``), and so does each
+        ancestor the folds carried it to (``_up_the_folds``), so the tree's ledger ends equal to
+        what the calls used, not to what they were allowed.
         """
         # A hold counted as spent is corrected, not settled: ``used`` takes the difference
         # between the call's usage and the hold (``reserved`` gave it up already).
@@ -303,15 +302,33 @@ class Budgets:
         )
         if parent_id is None:
             return self._written(task_id, budget_id, [release, settle])
-        parent_fix = Patch("parent", keys.meta_key(parent_id), Update(add=correction(delta, spent)))
-        return self._either(task_id, budget_id, [unless_folded(release), settle],
-                            [if_folded(release), settle, parent_fix])  # fmt: skip
+        return self._up_the_folds(task_id, budget_id, release, settle, parent_id, correction(delta, spent))
 
-    def _either(self, task_id: str, budget_id: str, *attempts: list[Patch]) -> bool:
-        """The first of ``attempts`` whose ticket condition holds; a fold may land between two
-        tries, so they are tried again (three rounds)."""
-        rounds = (any(self._written(task_id, budget_id, patches) for patches in attempts) for _ in range(3))
-        return any(rounds)
+    def _up_the_folds(
+        self, task_id: str, budget_id: str, ticket: Patch, own: Patch, parent_id: str, add: dict[str, Any]
+    ) -> bool:
+        """``ticket`` and ``own`` written, and ``add`` on every budget a fold carried the hold
+        into: none while the task is not folded; else its parent, and each ancestor folded in
+        turn up to the first that is not. False when the ticket is gone. A fold counts the hold
+        at each level it reaches, so a correction that stopped at the parent left a grandparent
+        charged the whole hold (a cancel or a timeout folds a subtree while its calls run). The
+        topmost is written only if it is still not folded: a fold landing meanwhile fails the
+        write and the next try goes one ancestor higher (a fold is for good, the tree at most
+        ``MAX_DEPTH`` deep); one landing between the two ticket conditions, a round more."""
+        rounds = folds = 0
+        while rounds < 3 and folds <= MAX_DEPTH:
+            if self._written(task_id, budget_id, [unless_folded(ticket), own]):
+                return True
+            try:
+                fixes = ancestor_fixes(folded_line(self.table, parent_id), add)
+                if self._written(task_id, budget_id, [if_folded(ticket), own, *fixes]):
+                    return True
+                rounds += 1
+            except TransactionCancelled as exc:
+                if not any(name.startswith(ANCESTOR) for name in exc.failed):
+                    raise
+                folds += 1
+        return False
 
     def settle_orphan(
         self,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from agentq.core.models.constraints import (
     ASKS,
+    MAX_DEPTH,
     MAX_TIMEOUT_SECONDS,
     ApprovalDefault,
     Constraints,
@@ -84,6 +85,7 @@ __all__ = [
     "ASKS",
     "DEFAULT_MODEL",
     "MAX_CONCURRENCY_KEY_CHARS",
+    "MAX_DEPTH",
     "MAX_FALLBACKS",
     "MAX_GOAL_CHARS",
     "MAX_JSON_DEPTH",

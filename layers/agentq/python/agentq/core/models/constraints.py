@@ -15,6 +15,7 @@ from pydantic import AfterValidator, Field, model_validator
 from agentq.core.models.strict import StrictModel
 
 MAX_TIMEOUT_SECONDS = 24 * 3600
+MAX_DEPTH = 10  # how deep a tree of sub-agents may be: a correction walks up at most this far
 # ``ask``: each call waits for a person, whoever may act on the task (its end user's token too);
 # ``ask_tenant``: only the tenant's API keys decide it (an operator's check on what the user's
 # task does, which that user's token may neither approve nor reject: ``core.endusers``).
@@ -41,7 +42,7 @@ MAX_TOKENS_BOUNDS: Any = Field(strict=True, ge=1, le=1_000_000_000)
 MAX_STEPS_BOUNDS: Any = Field(strict=True, ge=1, le=10_000)
 TIMEOUT_SECONDS_BOUNDS: Any = Field(strict=True, ge=1, le=MAX_TIMEOUT_SECONDS)
 MAX_OUTPUT_TOKENS_BOUNDS: Any = Field(strict=True, ge=1, le=128_000)
-MAX_DEPTH_BOUNDS: Any = Field(strict=True, ge=0, le=10)
+MAX_DEPTH_BOUNDS: Any = Field(strict=True, ge=0, le=MAX_DEPTH)
 MAX_FANOUT_BOUNDS: Any = Field(strict=True, ge=1, le=100)
 APPROVAL_TIMEOUT_SECONDS_BOUNDS: Any = Field(strict=True, ge=1, le=MAX_TIMEOUT_SECONDS)
 THINKING_BUDGET_TOKENS_BOUNDS: Any = Field(strict=True, ge=1024, le=128_000)
