@@ -71,8 +71,11 @@ def cancel(
 
     Workers running any of them stop at their next step boundary (their fenced commit finds the
     task no longer running); children not started yet never start (their message finds them
-    cancelled); fan-out executions are stopped where the endpoint supports it. Partial results
-    are kept, and every child's budget is settled into its parent's so the root ledger closes.
+    cancelled); fan-out executions are stopped where the endpoint supports it. A child a running
+    task spawned after the tree was read is found by reading it again once the moves are made,
+    and cancelled in turn, its execution stopped (the spawn turn starts none for a task moved
+    meanwhile: it checks its fence first, ``core.engine._spawn``). Partial results are kept, and
+    every child's budget is settled into its parent's, leaves first, so the root ledger closes.
 
     A task cancelled ``queued`` while admitted gives its slots back here and wakes the next
     waiters (``slots``: the running slots with the deployment's default limit and fleet
@@ -91,30 +94,20 @@ def cancel(
     if task.status.terminal and task_id not in fenced:
         raise IllegalTransition(f"task {task_id} is already {task.status.value}", field="task_id")
     tree = [fenced.get(node.task_id, node) for node in subtree(store, task)]
-    # No new child may start while the tree is being cancelled: the fan-out executions are
-    # stopped first, then the children that never ran are cancelled (nothing to read for them),
-    # then the ones that did. Cancelling a running child first would let its fan-out start the
-    # next one (its slot freed) before the loop reached that one.
-    if fanout is not None:
-        for node in tree:
-            for spawn in store.spawns.list(node.task_id):
-                if spawn.execution_arn:
-                    fanout.stop(spawn.execution_arn, reason)
-    cancelled = []
-    for node in sorted(tree, key=lambda n: n.claim_count > 0):  # stable: never-started first, in tree order
-        if node.task_id in fenced:
-            cancelled.append(node.task_id)
-            continue
-        if node.status.terminal:
-            continue
-        partial = node.result or final_text(conversation(node.submission.goal, store.steps.load(node.task_id)))
-        try:
-            store.tasks.transition(
-                node.task_id, TaskStatus.CANCELLED, result=partial, error={"code": "cancelled", "message": reason}
-            )
-            cancelled.append(node.task_id)
-        except IllegalTransition:
-            pass  # it finished meanwhile: a child is skipped; the root is said below
+    cancelled: list[str] = []
+    fresh = tree
+    while fresh:  # a round: the tasks the last read found that no round had seen
+        _cancel_round(store, fresh, fanout, reason, fenced, cancelled)
+        # A running task of the tree may have spawned between the read and its move: its children
+        # (queued, or already started by its fan-out) are read again and cancelled in turn, until a
+        # read finds no task not seen. This ends: a task spawns only by fenced writes (the SPAWN
+        # record, its children), which its move refuses, so once a round has moved (or found ended)
+        # every task it read, their children are final, and the next read can only find tasks below
+        # those the last round was the first to see: each round reaches one level deeper than the
+        # one before, and the tree is at most ``max_depth`` deep.
+        seen = {node.task_id for node in tree}
+        fresh = [fenced.get(node.task_id, node) for node in subtree(store, task) if node.task_id not in seen]
+        tree += fresh
     # The slots of the tasks cancelled queued go back first, before anything that may raise (a
     # budget that keeps changing under settle_child, a dependent's look): nothing else would
     # give them back (see above), so task_ended below is told not to.
@@ -137,6 +130,41 @@ def cancel(
     if task_id not in cancelled:  # its own end won the race: the same as a moment later (409)
         _root_ended(store, task_id, len(cancelled))
     return cancelled
+
+
+def _cancel_round(
+    store: Storage,
+    nodes: list[Task],
+    fanout: Any,
+    reason: str,
+    fenced: Mapping[str, Task],
+    cancelled: list[str],
+) -> None:
+    """Cancel ``nodes`` (tasks of the tree, in tree order), adding those moved to ``cancelled``.
+
+    No new child may start while the tree is being cancelled: the fan-out executions are
+    stopped first, then the children that never ran are cancelled (nothing to read for them),
+    then the ones that did. Cancelling a running child first would let its fan-out start the
+    next one (its slot freed) before the loop reached that one."""
+    if fanout is not None:
+        for node in nodes:
+            for spawn in store.spawns.list(node.task_id):
+                if spawn.execution_arn:
+                    fanout.stop(spawn.execution_arn, reason)
+    for node in sorted(nodes, key=lambda n: n.claim_count > 0):  # stable: never-started first, in tree order
+        if node.task_id in fenced:
+            cancelled.append(node.task_id)
+            continue
+        if node.status.terminal:
+            continue
+        partial = node.result or final_text(conversation(node.submission.goal, store.steps.load(node.task_id)))
+        try:
+            store.tasks.transition(
+                node.task_id, TaskStatus.CANCELLED, result=partial, error={"code": "cancelled", "message": reason}
+            )
+            cancelled.append(node.task_id)
+        except IllegalTransition:
+            pass  # it finished meanwhile: a child is skipped; the root is said below
 
 
 def _root_ended(store: Storage, task_id: str, others: int) -> None:

@@ -133,6 +133,11 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
             self.ports.spawns.write_children(self.s.lease, task, spawn_id, record.plans)
         children = self.ports.tasks.get_many(record.children)
         if not record.execution_arn:
+            # Fenced first: a cancel that moved this task since its SPAWN was written (and read
+            # the tree before it, so stopped no execution of it) must not find the children
+            # started by a run it ended. Its next read of the tree cancels them; this keeps their
+            # execution from starting at all (a write on the record, which is ``created`` here).
+            self.ports.spawns.mark(task.task_id, spawn_id, lease=self.s.lease, state="created")
             arn = self.fanout.start(
                 parent=task,
                 spawn_id=spawn_id,
