@@ -595,14 +595,14 @@ def test_a_cancel_that_loses_to_the_task_s_own_end_is_a_409_not_a_200_that_cance
     its own end was skipped, and the route answered 200 {"cancelled": []}; the same request a
     moment later is 409 "already succeeded". Seen live: 10 concurrent cancels of a scripted task
     all answered 200 [] and it succeeded. The cancel reads the task as it was just before its end."""
-    from agentq.control import operations
+    from agentq.control import operations, subtrees
 
     task_id = api.submit()
     stale = api.store.tasks.get(task_id)  # queued, as the cancel reads it just before the end
     api.run(task_id)
     assert api.store.tasks.get(task_id).status is TaskStatus.SUCCEEDED
     monkeypatch.setattr(operations, "owned_task", lambda store, tid, tenant=None: stale)
-    monkeypatch.setattr(operations, "subtree", lambda store, task: [stale])
+    monkeypatch.setattr(subtrees, "subtree", lambda store, task: [stale])
     status, data, _ = api.call("POST", f"/tasks/{task_id}/cancel")
     assert status == 409 and error(data)["code"] == "illegal_transition", data
     assert error(data)["field"] == "task_id" and "already succeeded" in error(data)["message"]

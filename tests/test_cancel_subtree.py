@@ -9,51 +9,17 @@ from typing import Any
 
 import pytest
 
-from agentq.control import operations
+from agentq.control import operations, subtrees
 from agentq.control.submit import submit
-from agentq.core.errors import TaskNotFound
 from agentq.core.models import Task
 from agentq.runtime import build_fanout, build_registry
 from agentq.storage.container import Storage
 from agentq_dev.stack import LocalStack
 
 from tests.helpers import call, scripted, wait_for
-from tests.test_fanout import _every_call
+from tests.tree_ledger import ledger_closed, status_of, wait_until_closed
 
-SUBTREE = operations.subtree  # as it is, whatever a test patches
-
-
-def ledger_closed(store: Storage, root_id: str, size: int) -> tuple[bool, str]:
-    """Whether the tree under ``root_id`` has its ``size`` tasks, each ended with nothing left
-    reserved, and the root's ``used`` equal to every call of the tree; and what it is now."""
-    tree = SUBTREE(store, store.tasks.get(root_id))
-    budgets = {t.task_id: store.budgets.get(t.task_id) for t in tree}
-    every_call, root = _every_call(store, tree), budgets[root_id]
-    closed = (
-        len(tree) == size
-        and all(t.status.terminal and budgets[t.task_id].reserved == 0 for t in tree)
-        and root.used == every_call
-    )
-    said = "; ".join(
-        f"{t.submission.goal}: {t.status.value}, reserved {budgets[t.task_id].reserved}, used {budgets[t.task_id].used}"
-        f", unknown {budgets[t.task_id].unknown}"
-        for t in tree
-    )
-    return closed, f"{said}; every call of the tree {every_call}"
-
-
-def wait_until_closed(store: Storage, root_id: str, size: int, timeout: float = 120) -> None:
-    try:
-        wait_for(lambda: ledger_closed(store, root_id, size)[0], timeout=timeout, what="the tree's ledger closed")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}: {ledger_closed(store, root_id, size)[1]}") from None
-
-
-def _status(store: Storage, task_id: str) -> str | None:
-    try:
-        return store.tasks.get(task_id).status.value
-    except TaskNotFound:  # listed on its parent's SPAWN record, not written yet
-        return None
+SUBTREE = subtrees.subtree  # as it is, whatever a test patches
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +70,7 @@ def test_a_cancel_of_the_root_cancels_the_children_a_running_child_spawned_while
     child_id = wait_for(
         lambda: (s := store.spawns.list(root.task_id)) and s[0].children[0], timeout=60, what="the root's spawn"
     )
-    wait_for(lambda: _status(store, child_id) == "running", timeout=60, what="the child running")
+    wait_for(lambda: status_of(store, child_id) == "running", timeout=60, what="the child running")
     reads: list[int] = []
 
     def first_read_held(store_: Storage, task: Task) -> list[Task]:
@@ -115,7 +81,7 @@ def test_a_cancel_of_the_root_cancels_the_children_a_running_child_spawned_while
         reads.append(len(tree))
         return tree
 
-    monkeypatch.setattr(operations, "subtree", first_read_held)
+    monkeypatch.setattr(subtrees, "subtree", first_read_held)
     cancelled = operations.cancel(
         store, root.task_id, tenant="t", fanout=build_fanout(stack.settings), queues=stack.queues()
     )
@@ -123,7 +89,7 @@ def test_a_cancel_of_the_root_cancels_the_children_a_running_child_spawned_while
     grandchildren = store.spawns.list(child_id)[0].children
     assert set(cancelled) == {root.task_id, child_id, *grandchildren}, ledger_closed(store, root.task_id, 4)[1]
     wait_until_closed(store, root.task_id, 4)
-    assert {_status(store, g) for g in grandchildren} == {"cancelled"}
+    assert {status_of(store, g) for g in grandchildren} == {"cancelled"}
 
 
 def test_a_cancel_while_children_are_mid_call_closes_every_budget_once_their_answers_come(stack: LocalStack) -> None:

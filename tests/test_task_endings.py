@@ -230,7 +230,7 @@ def test_every_ending_gives_back_tells_posts_and_releases_exactly_once(
             p.ended.append(task.task_id)
             real(store, q, task, st, **kw)
 
-        for module in ("agentq.queueing.endings", "agentq.queueing.dispatch._context", "agentq.control.operations",
+        for module in ("agentq.queueing.endings", "agentq.queueing.dispatch._context", "agentq.control.subtrees",
                        "agentq.control.submit"):  # fmt: skip
             monkeypatch.setattr(f"{module}.task_ended", counted)
         task, waiter = drive(p)

@@ -7,6 +7,7 @@ the tests point everything at moto.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -223,19 +224,28 @@ def build_engine(settings: Settings, store: Storage, *, worker_id: str, pool: in
     """The engine a worker or an executor runs: the deployment's tools, fan-out, secrets and
     defaults, with ``config`` (lease, heartbeat, slice margin) on top. One place builds it, so
     the Lambda executor and the long-running worker cannot drift apart."""
+    from agentq.control.subtrees import time_out_subagent
     from agentq.core.engine import Engine
     from agentq.core.tools.egress import egress_factory
     from agentq.core.tools.fetch import FetchPolicy
 
+    fanout = build_fanout(settings, pool=pool)
+    # A sub-agent its parent's fan-out gave up on ends with its subtree, as a cancel ends one:
+    # control's walk, handed to the core here (the core imports no control).
+    time_out = None
+    if fanout is not None:
+        slots = settings.defaults.running_slots(store)
+        time_out = functools.partial(time_out_subagent, store, fanout=fanout, queues=fanout.queues, slots=slots)
     return Engine(
         store,
         worker_id=worker_id,
         tools=build_registry(settings),
         config=engine_config(settings, **config),
-        fanout=build_fanout(settings, pool=pool),
+        fanout=fanout,
         secrets=build_secrets(),
         egress=egress_factory(FetchPolicy.from_env()),
         cipher=build_cipher(settings),
+        time_out=time_out,
     )
 
 

@@ -32,6 +32,7 @@ from agentq.core.workspace import WorkspaceBase, WorkspaceSpec, has_workspace, l
 SPAWN_TOOL = "spawn_subagents"
 MIN_CHILD_SHARE = 64  # tokens: below this a child cannot make a single useful call
 RESULT_PREVIEW_CHARS = 4000
+SUBAGENT_DEADLINE = "sub-agent deadline passed"  # a child's error when its parent's fan-out gave up on it
 
 
 class SubagentSpec(StrictModel):

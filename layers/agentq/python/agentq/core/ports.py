@@ -241,6 +241,17 @@ class SpawnBook(Protocol):
     def mark(self, parent_id: str, spawn_id: str, *, lease: Lease | None = None, **fields: Any) -> None: ...
 
 
+class SubtreeTimeout(Protocol):
+    """Ends a sub-agent its parent's fan-out gave up on (its deadline passed) ``timed_out``,
+    and everything under it: its fan-out executions stopped, its sub-agents ended, their
+    budgets folded into it, leaves first, their holds kept counted, the slots of those still
+    queued given back. ``control.subtrees.time_out_subagent``, handed in by
+    ``agentq.runtime.build_engine`` (the core imports no control). True when the child itself
+    was moved; False when it ended by itself first."""
+
+    def __call__(self, child: Task) -> bool: ...
+
+
 class EffectLog(Protocol):
     def begin(self, lease: Lease, tool_use_id: str, name: str, step: int | None = None) -> EffectRecord | None: ...
 

@@ -24,7 +24,7 @@ things follow, in this order:
 
 Who ends a task decides which of the first two apply: the dispatcher gives back what the run's
 gate took and knows the parent's token; a task skipped at its submission, or cancelled for a
-dependency, holds no slot and has no parent waiting yet. A cancel (``control.operations``)
+dependency, holds no slot and has no parent waiting yet. A cancel (``control.subtrees``)
 gives back the slots of the tasks it cancelled ``queued`` itself, on their own epoch's
 condition, for its whole tree before it folds the children's budgets or calls this function:
 either may raise (``settle_child`` gives up on a budget that keeps changing; a dependent's look
@@ -32,15 +32,15 @@ may fail), and nothing else would give those slots back (a task the fleet's wake
 send has no message, and the sweeper never lists an ended task). So it passes no
 ``give_back``, and leaves the parent to the child's own message.
 
-Every ending goes through this function but two, which a new consequence must look at too:
-
-- a task whose stored items no longer validate (``queueing.dispatch._poison.unreadable_task``)
-  is failed, its slots given back and its parent told by the dispatcher itself: there is no
-  task to read for a callback or its dependents;
-- a child whose parent's fan-out gave up waiting (``core.engine._spawn``) is ended
-  ``timed_out`` by the parent's run, which knows nothing of slots, callbacks or dependents:
-  they follow only when a message of the child's arrives and finds it ended
-  (``dispatch._ended.answer_ended``, through this function).
+Every ending goes through this function but one, which a new consequence must look at too: a
+task whose stored items no longer validate (``queueing.dispatch._poison.unreadable_task``) is
+failed, its slots given back and its parent told by the dispatcher itself: there is no task to
+read for a callback or its dependents. (A child whose parent's fan-out gave up waiting,
+``core.engine._spawn``, is ended ``timed_out`` with its subtree by
+``control.subtrees.time_out_subagent``, handed to the engine by ``runtime.build_engine``, which
+calls this function as a cancel does; an engine built without it, a test's, moves the child
+alone, and its consequences follow when a message of the child's finds it ended,
+``dispatch._ended.answer_ended``.)
 
 Dependencies (moved here because ending a task is what releases them, and a dependent that
 cannot run ends too): who looks is the submitter, right after writing the task and its edges

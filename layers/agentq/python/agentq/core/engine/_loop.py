@@ -44,7 +44,7 @@ from agentq.core.errors import DETERMINISTIC_FAULTS, ConversationMoved, LeaseLos
 from agentq.core.fanout import FanoutLauncher
 from agentq.core.faults import crash_point
 from agentq.core.models import Lease, LLMStep, Task, TaskStatus, TaskSubmission
-from agentq.core.ports import EngineStorage
+from agentq.core.ports import EngineStorage, SubtreeTimeout
 from agentq.core.pricing import PriceTable, load_price_table
 from agentq.core.providers import LLMProvider, ProviderFactory, default_provider_factory
 from agentq.core.records import ClaimOwner, Inbox
@@ -72,11 +72,13 @@ class Engine:
         mcp: McpServers | None = None,
         egress: Callable[..., Any] | None = None,
         cipher: Cipher | None = None,
+        time_out: SubtreeTimeout | None = None,
     ) -> None:
         """``egress``: makes the egress proxy of a task whose workspace allows hosts
         (``core.tools.egress.egress_factory``); None: a workspace has no network at all.
         ``cipher``: opens the vault's credentials (``core.vault_crypto``); None: a tool that
-        asks for one is told it is unavailable."""
+        asks for one is told it is unavailable. ``time_out``: ends a sub-agent whose parent's
+        fan-out gave up on it, with its subtree (control's, ``core.ports.SubtreeTimeout``)."""
         self.store = store
         self.worker_id = worker_id
         self.tools = tools if tools is not None else default_registry()
@@ -101,7 +103,7 @@ class Engine:
             store.flow, store.effects, store.notes, store.steps, self._requests, self.secrets, store.memory_stores,
             vault=store.vault, cipher=cipher,
         )  # fmt: skip
-        spawning = SpawnPorts(store.spawns, store.budgets, store.tasks, store.steps)
+        spawning = SpawnPorts(store.spawns, store.budgets, store.tasks, store.steps, time_out)
         self._workspaces = Workspaces(
             store.workspaces, worker_id=worker_id, root=config.workspace_root, quota=config.workspace_quota,
             egress=egress, record_start=store.tasks.start_workspace,

@@ -32,6 +32,7 @@ from agentq.core.engine.result import RunResult
 from agentq.core.errors import BudgetExceeded, IllegalTransition
 from agentq.core.fanout import (
     SPAWN_TOOL,
+    SUBAGENT_DEADLINE,
     FanoutLauncher,
     SpawnRejected,
     child_outcome,
@@ -40,7 +41,7 @@ from agentq.core.fanout import (
     render_spawn_result,
 )
 from agentq.core.models import Task, TaskStatus, ToolOutcome
-from agentq.core.ports import BudgetLedger, SpawnBook, StepLog, TaskLeases
+from agentq.core.ports import BudgetLedger, SpawnBook, StepLog, SubtreeTimeout, TaskLeases
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import SpawnRecord
 from agentq.core.workspace import WORKSPACE_TOOLS
@@ -56,12 +57,15 @@ WORKSPACE_IN_SPAWN_TURN = (
 @dataclass(frozen=True)
 class SpawnPorts:
     """What a spawn reads and writes: its record, the parent's budget, the children's tasks and
-    (for a child cut off at its deadline) their steps."""
+    (for a child cut off at its deadline) their steps, and what ends such a child with
+    everything under it (``time_out``, control's: ``core.ports.SubtreeTimeout``). Without it
+    (an engine built with no control, a test's) the child alone is moved."""
 
     spawns: SpawnBook
     budgets: BudgetLedger
     tasks: TaskLeases
     steps: StepLog
+    time_out: SubtreeTimeout | None = None
 
 
 class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
@@ -153,19 +157,10 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
         for child in children:
             ended = child  # as it ended, after a timeout is recorded
             timed_out = not child.status.terminal
-            if timed_out:  # its execution iteration gave up: stop it where it stands
-                partial = final_text(conversation(child.submission.goal, self.ports.steps.load(child.task_id)))
-                try:
-                    self.ports.tasks.transition(
-                        child.task_id,
-                        TaskStatus.TIMED_OUT,
-                        result=partial,
-                        error={"code": "timeout", "message": "sub-agent deadline passed"},
-                    )
-                    ended = child.model_copy(update={"result": partial})
-                except IllegalTransition:
-                    ended = self.ports.tasks.get(child.task_id)
-                    timed_out = ended.status is TaskStatus.TIMED_OUT or not ended.status.terminal
+            if timed_out:  # its execution iteration gave up: stop it, and what it started, where they stand
+                moved = self._time_out(child)
+                ended = self.ports.tasks.get(child.task_id)
+                timed_out = moved or ended.status is TaskStatus.TIMED_OUT or not ended.status.terminal
             self.ports.budgets.settle_child(task.budget_id, child.task_id, lease=self.s.lease)
             changes = self.changes(ended) if self.changes is not None else None
             entries.append(child_outcome(ended, timed_out=timed_out, changes=changes))
@@ -178,6 +173,20 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
         )
         by_id = {o.tool_use_id: o for o in [*record.pending, spawn_outcome]}
         return [by_id[u["id"]] for u in self.uses]
+
+    def _time_out(self, child: Task) -> bool:
+        """End ``child``, whose deadline passed, ``timed_out``: with its subtree (its sub-agents
+        stopped and folded into it, so its budget closes before the fold into this task's), or
+        alone where no ``time_out`` was handed in. True when it was moved."""
+        if self.ports.time_out is not None:
+            return self.ports.time_out(child)
+        partial = final_text(conversation(child.submission.goal, self.ports.steps.load(child.task_id)))
+        error = {"code": "timeout", "message": SUBAGENT_DEADLINE}
+        try:
+            self.ports.tasks.transition(child.task_id, TaskStatus.TIMED_OUT, result=partial, error=error)
+        except IllegalTransition:
+            return False
+        return True
 
 
 def own_spawn(spawns: SpawnBook, task_id: str, call: CallRef) -> tuple[str, SpawnRecord | None]:
