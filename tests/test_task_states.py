@@ -25,14 +25,25 @@ def test_terminal_states_lead_nowhere_but_requeue_for_failed_cost_exceeded_and_a
     assert {TaskStatus.SUCCEEDED, TaskStatus.IDLE} == REOPENED_BY_MESSAGE  # only a message takes these edges
 
 
-@pytest.mark.parametrize(
-    "target", [TaskStatus.SUCCEEDED, TaskStatus.COST_EXCEEDED, TaskStatus.TIMED_OUT, TaskStatus.WAITING]
-)
+@pytest.mark.parametrize("target", [TaskStatus.SUCCEEDED, TaskStatus.COST_EXCEEDED, TaskStatus.WAITING])
 def test_a_queued_task_cannot_jump_to_states_only_a_running_task_reaches(store: Storage, target: TaskStatus) -> None:
     task_id = _task(store)
     with pytest.raises(IllegalTransition, match="cannot move from 'queued'"):
         store.tasks.transition(task_id, target)
     assert store.tasks.get(task_id).status is TaskStatus.QUEUED
+
+
+def test_a_queued_task_may_be_timed_out_keeping_the_result_and_error_it_is_given(store: Storage) -> None:
+    """A sub-agent still queued (parked for a slot) when its parent's fan-out gives up on it
+    ends ``timed_out`` there (``control.subtrees.time_out_subagent``): its parent is told so, and
+    it must never run after that. The move was illegal: the parent was told ``timed_out`` while
+    the child stayed queued and ran later."""
+    task_id = _task(store)
+    error = {"code": "timeout", "message": "sub-agent deadline passed"}
+    assert store.tasks.transition(task_id, TaskStatus.TIMED_OUT, result=None, error=error) == "queued"
+    task = store.tasks.get(task_id)
+    assert task.status is TaskStatus.TIMED_OUT and task.error == error and task.finished_at is not None
+    assert store.tasks.claim(task_id, "w", 30) is None  # nothing runs it any more
 
 
 def test_a_succeeded_task_cannot_be_cancelled_or_requeued(store: Storage) -> None:

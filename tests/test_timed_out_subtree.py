@@ -4,6 +4,7 @@ stopped, their budgets folded into it, and the tree's ledger closes, as a cancel
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -84,3 +85,43 @@ def test_a_child_timed_out_while_its_own_children_run_ends_them_and_the_tree_led
     ]
     assert all(end[0] == "succeeded" or end[:2] == ("cancelled", "ancestor_timed_out") for end in ends), ends
     assert any(end[0] == "cancelled" and child_task.task_id in end[2] for end in ends), ends
+
+
+def test_a_child_still_queued_at_its_deadline_ends_timed_out_and_never_runs(stack: LocalStack) -> None:
+    """A tenant limited to one running task: the root's two children (each one 8 s call, 4 s
+    of deadline) are started at once, and whichever is admitted first runs while the other is
+    parked (queued) behind it; both deadlines pass and the root is told both timed out. The
+    parked one must end ``timed_out`` then and there and never run: ``queued -> timed_out`` was
+    no legal move, so the spawn turn's move failed, it told the parent ``timed_out`` all the
+    same and folded the child's budget, and the child ran after its parent had ended
+    (``cost_exceeded``, its share gone), holding the tenant's slot meanwhile."""
+    assert stack.settings is not None
+    store = stack.store()
+    store.slots.set_limit("solo", 1)
+    slow = {"deadline_seconds": 4, "script": {"turns": [{"text": "s", "latency_seconds": 8.0}]}}
+    turns = [
+        {"text": "", "tool_calls": [call("spawn_subagents", subagents=[{"goal": g, **slow} for g in ("a", "b")])]},
+        {"text": "root done"},
+    ]
+    sub = scripted(turns, tools=["spawn_subagents"], max_tokens=30_000)
+    root = submit(store, build_registry(stack.settings), sub, tenant="solo", queues=stack.queues())
+    wait_for(lambda: store.tasks.get(root.task_id).status.terminal, timeout=120, what="the root's end")
+
+    def settled() -> bool:
+        """The tenant runs nothing, and no message is waiting or being handled: what the root's
+        end set off (its slot freed, the parked child woken) is done."""
+        attrs = stack.queues().sqs.get_queue_attributes(
+            QueueUrl=stack.queues().url("normal"),
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
+        return store.slots.usage("solo").running == 0 and not any(int(v) for v in attrs.values())
+
+    wait_for(settled, timeout=60, what="the tenant's slot free and every message handled")
+    kids = store.tasks.get_many(store.spawns.list(root.task_id)[0].children)
+    told = next(s for s in store.steps.load(root.task_id) if s.body.kind == "tools").body.results[0].content
+    assert [e["status"] for e in json.loads(told)["subagents"]] == ["timed_out", "timed_out"]
+    seen = sorted((c.claim_count, c.status.value, (c.error or {}).get("code")) for c in kids)
+    assert seen == [(0, "timed_out", "timeout"), (1, "timed_out", "timeout")], (
+        f"the parent was told 'timed_out': {seen}"
+    )
+    assert all(store.budgets.get(c.task_id).reserved == 0 for c in kids)

@@ -7,10 +7,12 @@ from agentq.core.status import TERMINAL_STATUSES, TaskStatus
 
 # The one table of legal transitions. The store turns the "from" side into a DynamoDB
 # condition, so an illegal transition is refused by the database, not by caller discipline.
-# cost_exceeded -> queued is the budget-raise resume; failed -> queued is a DLQ redrive.
+# cost_exceeded -> queued is the budget-raise resume; failed -> queued is a DLQ redrive;
+# queued -> timed_out is a sub-agent still waiting for a slot when its parent's fan-out gave up on
+# it (``control.subtrees.time_out_subagent``): it never runs after its parent was told it ended.
 ALLOWED_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     TaskStatus.BLOCKED: frozenset({TaskStatus.QUEUED, TaskStatus.CANCELLED}),
-    TaskStatus.QUEUED: frozenset({TaskStatus.RUNNING, TaskStatus.CANCELLED, TaskStatus.FAILED}),
+    TaskStatus.QUEUED: frozenset({TaskStatus.RUNNING, TaskStatus.CANCELLED, TaskStatus.FAILED, TaskStatus.TIMED_OUT}),
     TaskStatus.RUNNING: frozenset(
         {
             TaskStatus.WAITING,
