@@ -23,7 +23,16 @@ from typing import Annotated, Any, Literal, Protocol, TypeAlias
 import pydantic
 from pydantic import Field
 
-from agentq.core.models import Constraints, Script, StrictModel, Task, TaskStatus, TaskSubmission
+from agentq.core.models import (
+    MAX_COST_USD,
+    MAX_TOKENS,
+    Constraints,
+    Script,
+    StrictModel,
+    Task,
+    TaskStatus,
+    TaskSubmission,
+)
 from agentq.core.pricing import MILLION, micros
 from agentq.core.providers.scripted import builtin_script_names
 from agentq.core.tools import ToolSpec, tool
@@ -188,10 +197,10 @@ def plan_children(
             constraints=Constraints(
                 max_tokens=share,
                 # With a money budget, each child gets the part of what is left that its token
-                # share is of the tokens left.
+                # share is of the tokens left, at most a task's money cap (the rest stays).
                 max_cost_usd=None
                 if available_micros is None
-                else Decimal(available_micros * share // available) / MILLION,
+                else Decimal(min(available_micros * share // available, micros(MAX_COST_USD))) / MILLION,
                 max_steps=c.max_steps,
                 timeout_seconds=deadline,
                 tools=list(sub.tools if sub.tools is not None else c.tools),
@@ -245,14 +254,26 @@ def parent_workspace(parent: Task) -> WorkspaceSpec:
 
 
 def _shares(spec: SpawnInput, available: int) -> list[int]:
+    """Each child's share: the one it was given, or an even split of what is left. A share is
+    the child's own budget, a task's, which holds at most ``MAX_TOKENS``: one asked for past it
+    is refused naming the bound; an even split past it (a root raised beyond it: a raise adds
+    without bound) is cut to it, the rest staying with the parent, as its money share is cut to
+    ``MAX_COST_USD`` (``plan_children``). A child given more failed its own Constraints, and the
+    spawn turn with them, for good."""
     asked = [s.token_share for s in spec.subagents]
+    for i, share in enumerate(asked):
+        if share is not None and share > MAX_TOKENS:
+            raise SpawnRejected(
+                f"{SPAWN_TOOL} refused: subagents[{i}].token_share is {share}; a sub-agent may have at most "
+                f"{MAX_TOKENS} tokens"
+            )
     fixed = sum(a for a in asked if a is not None)
     open_count = sum(1 for a in asked if a is None)
     if fixed > available:
         raise SpawnRejected(
             f"{SPAWN_TOOL} refused: token shares total {fixed}, but the budget has {available} tokens left"
         )
-    each = (available - fixed) // open_count if open_count else 0
+    each = min((available - fixed) // open_count, MAX_TOKENS) if open_count else 0
     shares = [a if a is not None else each for a in asked]
     if min(shares) < MIN_CHILD_SHARE:
         raise SpawnRejected(

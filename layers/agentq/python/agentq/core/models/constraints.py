@@ -16,6 +16,8 @@ from agentq.core.models.strict import StrictModel
 
 MAX_TIMEOUT_SECONDS = 24 * 3600
 MAX_DEPTH = 10  # how deep a tree of sub-agents may be: a correction walks up at most this far
+MAX_TOKENS = 1_000_000_000  # a task's own token cap (a raise may take a root's budget past it)
+MAX_COST_USD = Decimal(1_000_000)  # a task's own money cap (a raise may take a root's budget past it)
 # ``ask``: each call waits for a person, whoever may act on the task (its end user's token too);
 # ``ask_tenant``: only the tenant's API keys decide it (an operator's check on what the user's
 # task does, which that user's token may neither approve nor reject: ``core.endusers``).
@@ -38,7 +40,7 @@ ToolPolicies = Annotated[dict[str, ToolPolicy], Field(max_length=64)]
 
 # The bounds of each limit an agent may default. Numbers are strict: pydantic's lax mode took a
 # JSON ``true`` for 1 (``max_steps: true`` ran one turn) and ``"5"`` for 5.
-MAX_TOKENS_BOUNDS: Any = Field(strict=True, ge=1, le=1_000_000_000)
+MAX_TOKENS_BOUNDS: Any = Field(strict=True, ge=1, le=MAX_TOKENS)
 MAX_STEPS_BOUNDS: Any = Field(strict=True, ge=1, le=10_000)
 TIMEOUT_SECONDS_BOUNDS: Any = Field(strict=True, ge=1, le=MAX_TIMEOUT_SECONDS)
 MAX_OUTPUT_TOKENS_BOUNDS: Any = Field(strict=True, ge=1, le=128_000)
@@ -58,7 +60,7 @@ class Constraints(StrictModel):
     max_cost_usd: Decimal | None = Field(
         default=None,
         gt=0,
-        le=1_000_000,
+        le=MAX_COST_USD,
         decimal_places=6,
         description="the most the task (its sub-agents included) may spend, in US dollars, priced by the "
         "deployment's price table: reserved before each call at the most it can cost, settled at what it did",
