@@ -30,7 +30,8 @@ every task ended, with the status and result its plan implies; each side effect 
 once, and exactly once when its committed step says it ran; each message accepted is delivered
 into its conversation exactly once, in the order accepted, and the last answer came after all of
 them (a conversation's answer says how many messages it heard); ``used <= cap`` and
-``reserved == 0`` on every budget; the ledger equals the usage the model server delivered whole
+``reserved == 0`` on every budget, each task's of every tree (it checked the roots' only, and a
+sub-agent left holding its share went unseen); the ledger equals the usage the model server delivered whole
 for every tree that no SIGKILL touched (a worker killed with a call in flight never reports it:
 its hold is counted as spent at its deadline, whether or not the call was answered, so such a
 tree's ledger may exceed the delivered usage by that hold, and it is reported, not failed); no
@@ -78,6 +79,7 @@ from _chaos_wires import (  # noqa: E402
 from _plot import Panel, add_plot_args  # noqa: E402
 from _report import report  # noqa: E402
 from agentq.api.client import ApiError, Client  # noqa: E402
+from agentq.control.subtrees import subtree  # noqa: E402
 from agentq.core.models import MessageStep, TaskStatus, ToolsStep  # noqa: E402
 from agentq.resources import TIERS, QueueSettings  # noqa: E402
 from agentq.worker import WorkerConfig  # noqa: E402
@@ -611,10 +613,7 @@ def check(
     broken: dict[str, list[str]] = defaultdict(list)
     roots = store.tasks.get_many(list(ids.values()))
     by_tag = {_tag(t): t for t in roots}
-    every = list(roots)
-    for t in roots:
-        children = [c for spawn in store.spawns.list(t.task_id) for c in spawn.children]
-        every += store.tasks.get_many(children) if children else []
+    every = [t for root in roots for t in subtree(store, root)]  # each tree whole, at any depth
     charges: Counter[str] = Counter()
     if ledger.exists():
         charges.update(json.loads(line)["tool_use_id"] for line in ledger.read_text().splitlines())
@@ -653,14 +652,16 @@ def check(
     for use_id, n in charges.items():
         if n > 1:
             broken["each side effect at most once"].append(f"{use_id} ran {n} times")
+    for t in every:  # every budget of every tree: a sub-agent's left holding kept its parent's share out
+        own = store.budgets.get(t.task_id)
+        if own.used > own.cap:
+            broken["used <= cap"].append(f"{t.task_id} ({_tag(t)}): used {own.used} > cap {own.cap}")
+        if own.reserved != 0:
+            broken["reserved == 0 at the end"].append(f"{t.task_id} ({_tag(t)}): reserved {own.reserved}")
     kill_touched = 0
     trees, became = ledger_by_tree(store, every, _tag, model.ledger)
     for tag, root in by_tag.items():
         budget = store.budgets.get(root.task_id)
-        if budget.used > budget.cap:
-            broken["used <= cap"].append(f"{root.task_id} ({tag}): used {budget.used} > cap {budget.cap}")
-        if budget.reserved != 0:
-            broken["reserved == 0 at the end"].append(f"{root.task_id} ({tag}): reserved {budget.reserved}")
         delivered = model.delivered[tag]
         touched = any(root.created_at <= k <= (root.finished_at or time.time()) for k in chaos.kill_times)
         row = trees[tag]
