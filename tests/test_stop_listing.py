@@ -135,8 +135,10 @@ def test_a_stops_calls_grow_with_its_own_scopes_tasks_never_with_other_tenants(s
     for each batch of the tasks listed (as many batches as threads, at most ``TOGETHER`` tasks)
     a transaction of their stop marks, a BatchGetItem and one transaction of their moves to
     ``cancelled`` made from it (no read of META), and the
-    cancel's bookkeeping (a Query of the task's spawns, one of its dependents; the slots of a
-    task cancelled queued: one read): the same calls however many tasks other tenants run."""
+    cancel's bookkeeping (a Query of the task's spawns, one of its dependents, and the tree read
+    again once its moves are made, for children a running task spawned meanwhile,
+    ``control.subtrees.end_tree``; the slots of a task cancelled queued: one read): the same calls
+    however many tasks other tenants run."""
     for _ in range(others):
         store.tasks.create(_submission("alice", "shop"), tenant="elsewhere")
     calls = _Calls(store)
@@ -152,7 +154,7 @@ def test_a_stops_calls_grow_with_its_own_scopes_tasks_never_with_other_tenants(s
             "GetItem": n,  # the slots of a task cancelled queued; none before its fence
             "TransactWriteItems": 2 * len(stops.batches(ids, TOGETHER)),  # marks and moves, a transaction each a batch
             "BatchGetItem": len(stops.batches(ids, TOGETHER)),  # the fences' reads, none after
-            "Query": 2 * n,
+            "Query": 3 * n,  # its spawns, its dependents, its tree read again
         }
 
 
