@@ -20,6 +20,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
+from schemathesis.core.failures import AcceptedNegativeData, FailureGroup
 from schemathesis.pytest import _test_builder
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -104,11 +105,33 @@ def api(moto_server: MotoServer) -> Iterator[Api]:
     )
 
 
+# What a negative case may change that is no violation here: the test sends the key whatever the
+# case left out, and a query parameter a route does not declare is passed on by design
+# (``api/route_input.py``). A case whose every violation is one of these is a valid request: a
+# fresh clone's run drew one (GET /caps with only unknown query names left) and took its 200 for
+# invalid data accepted.
+TAKEN = frozenset({"query: violates `additionalProperties`", "header: violates `required` (was Authorization)"})
+
+
+def _violations(failure: AcceptedNegativeData) -> set[str]:
+    """The "Invalid component" lines of ``failure``'s message."""
+    _, _, listed = failure.message.partition("Invalid component:")
+    return {line.strip(" -") for line in listed.splitlines() if line.strip(" -")}
+
+
 @schema.parametrize()
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_generated_requests_get_documented_answers_and_never_a_5xx(case: Any, api: Api) -> None:
     response = case.call(app=api.wsgi, headers={"Authorization": f"Bearer {api.key}"})
-    case.validate_response(response, checks=CHECKS)
+    try:
+        case.validate_response(response, checks=CHECKS)
+    except FailureGroup as group:
+        failures = group.exceptions
+        if not all(isinstance(f, AcceptedNegativeData) and _violations(f) <= TAKEN for f in failures):
+            raise
+    except AcceptedNegativeData as failure:
+        if not _violations(failure) <= TAKEN:
+            raise
 
 
 def test_the_served_document_is_the_generated_one_and_valid_openapi(api: Api) -> None:
